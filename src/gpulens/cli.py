@@ -1,0 +1,388 @@
+"""The ``gpulens`` command. Thin: parses arguments, calls the layers, renders."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from gpulens.errors import GpulensError, UsageError
+from gpulens.paths import gpulens_home, runs_dir
+
+log = logging.getLogger("gpulens")
+
+app = typer.Typer(
+    name="gpulens",
+    help="Measure deep-learning workloads on GPUs and turn the numbers into decisions.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+data_app = typer.Typer(help="Generate datasets for benchmarks.", no_args_is_help=True)
+app.add_typer(data_app, name="data")
+
+out = Console()
+err = Console(stderr=True)
+_state = {"debug": False}
+
+
+@app.callback()
+def _global(
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks and debug logs."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show info logs on stderr."),
+) -> None:
+    _state["debug"] = debug
+    level = logging.DEBUG if debug else logging.INFO if verbose else logging.WARNING
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+
+
+def _emit_json(doc: Any) -> None:
+    sys.stdout.write(json.dumps(doc, default=str, allow_nan=False) + "\n")
+    sys.stdout.flush()
+
+
+def _progress(json_mode: bool):
+    """A progress bar on stderr; hidden when stderr is not a terminal and --json is on."""
+    return Progress(
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+        disable=json_mode and not err.is_terminal,
+    )
+
+
+# ---------------------------------------------------------------------------------------- run
+def _train_json(result) -> dict[str, Any]:
+    s = result.summary
+    return {
+        "run_id": result.run_id,
+        "status": "finished",
+        "record_dir": str(result.record_dir),
+        "workload": s["workload"],
+        "device": s["device"],
+        "precision": s["precision"],
+        "batch_size": s["batch_size"],
+        "measured_steps": s["measured_steps"],
+        "throughput_samples_per_s": s["throughput_samples_per_s"],
+        "throughput_ci95_pct": s["throughput_ci95_pct"],
+        "phases_s": s["phases_s"],
+        "gpu": s["gpu"],
+        "host": s["host"],
+        "monitor_overhead_pct": s["monitor_overhead_pct"],
+        "mfu": s["mfu"],
+        "flops_per_sample": s["flops_per_sample"],
+    }
+
+
+def _store(record_dir: Path, enabled: bool) -> str | None:
+    """Log a finished record to MLflow when it is installed; the record stays local otherwise."""
+    if not enabled:
+        return None
+    try:
+        from gpulens.store.mlflow_sink import is_available, log_record
+
+        if not is_available():
+            log.info("mlflow is not installed: the record stays local (gpulens runs sync later)")
+            return None
+        from gpulens.record.reader import read_record
+
+        return log_record(read_record(record_dir))
+    except GpulensError as exc:
+        err.print(f"[yellow]not stored in MLflow:[/yellow] {exc} (the record is kept locally)")
+    except Exception as exc:  # the store must never lose a measured run
+        err.print(f"[yellow]not stored in MLflow:[/yellow] {exc}; run `gpulens runs sync` later")
+    return None
+
+
+def _train(config, json_mode: bool, store: bool, kind: str = "train"):
+    from gpulens.workloads.train import run_training
+
+    with _progress(json_mode) as progress:
+        task = progress.add_task(f"training {config.workload}", total=None)
+
+        def on_step(step: int, total: int | None, elapsed_s: float, _info) -> None:
+            progress.update(task, completed=step, total=total)
+
+        result = run_training(config, runs_dir(), progress=on_step, kind=kind)
+    _store(result.record_dir, store)
+    return result
+
+
+@app.command(
+    help="Run a built-in WORKLOAD under the monitor, or monitor any command given after `--`.\n\n"
+    "Examples:\n\n"
+    "  gpulens run resnet50 --precision bf16 --data ./images --workers 15\n\n"
+    "  gpulens run gpt2_tiny --steps 50 --device cpu --json\n\n"
+    "  gpulens run -- python train.py --epochs 1"
+)
+def run(
+    target: list[str] = typer.Argument(
+        None, help="A workload (see `gpulens workloads`) or, after --, a command and its args."
+    ),
+    batch_size: int = typer.Option(None, "--batch-size", "-b", help="Samples per step."),
+    steps: int = typer.Option(None, "--steps", help="Measured steps after warm-up [100]."),
+    duration: float = typer.Option(None, "--duration", help="Measured seconds instead of steps."),
+    warmup: int = typer.Option(None, "--warmup", help="Warm-up steps, excluded from results."),
+    device: str = typer.Option(None, "--device", help="cuda:N or cpu [cuda:0 if present]."),
+    precision: str = typer.Option("fp32", "--precision", help="fp32, bf16 or fp16."),
+    workers: int = typer.Option(None, "--workers", help="Data-loader processes [cores-1, ≤8]."),
+    data: str = typer.Option("synthetic", "--data", help="'synthetic' (on the device) or a path."),
+    until_ci: float = typer.Option(
+        None, "--until-ci", help="Stop once the 95% CI half-width is below PCT percent."
+    ),
+    sample_hz: float = typer.Option(10.0, "--sample-hz", help="Monitor sampling rate."),
+    name: str = typer.Option(None, "--name", help="A name for the run."),
+    store: bool = typer.Option(True, "--store/--no-store", help="Log the run to MLflow."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
+) -> None:
+    from gpulens.workloads.models import list_workloads
+
+    target = target or []
+    if not target:
+        raise UsageError("give a workload (see `gpulens workloads`) or a command after --")
+    known = {w.name for w in list_workloads()}
+    is_command = "--" in sys.argv[1:] or len(target) > 1 or target[0] not in known
+    if is_command and len(target) == 1 and "--" not in sys.argv[1:]:
+        if shutil.which(target[0]) is None and not Path(target[0]).exists():
+            raise UsageError(
+                f"unknown workload '{target[0]}'; choose one of: {', '.join(sorted(known))} "
+                "(or give a command after --)"
+            )
+    if is_command:
+        given = {
+            "--batch-size": batch_size, "--steps": steps, "--duration": duration,
+            "--warmup": warmup, "--device": device, "--workers": workers, "--until-ci": until_ci,
+        }  # fmt: skip
+        extra = [k for k, v in given.items() if v is not None]
+        if extra or precision != "fp32" or data != "synthetic":
+            raise UsageError(
+                f"{', '.join(extra) or '--precision/--data'} apply to built-in workloads only; "
+                "pass your script's own options after --"
+            )
+        _run_command(target, sample_hz, name, store, json_out)
+        return
+
+    from gpulens.report.terminal import render_train_summary
+    from gpulens.workloads.train import TrainConfig
+
+    config = TrainConfig(
+        workload=target[0], batch_size=batch_size, steps=steps, duration_s=duration,
+        warmup_steps=warmup, device=device, precision=precision, workers=workers, data=data,
+        until_ci_pct=until_ci, sample_hz=sample_hz, name=name,
+    )  # fmt: skip
+    result = _train(config, json_out, store)
+    if json_out:
+        _emit_json(_train_json(result))
+    else:
+        render_train_summary(out, result.run_id, result.record_dir, result.summary)
+
+
+def _run_command(argv: list[str], sample_hz: float, name, store: bool, json_out: bool) -> None:
+    from gpulens.launch.command import run_command
+    from gpulens.report.terminal import render_command_summary
+
+    if not json_out:
+        err.print(f"[dim]monitoring: {' '.join(argv)}[/dim]")
+    result = run_command(argv, runs_dir(), sample_hz=sample_hz, name=name)
+    _store(result.record_dir, store)
+    if json_out:
+        s = result.summary
+        _emit_json(
+            {
+                "run_id": result.run_id,
+                "status": result.status,
+                "record_dir": str(result.record_dir),
+                "workload": "command",
+                "device": None,
+                "returncode": result.returncode,
+                "wall_s": s.get("wall_s"),
+                "throughput_samples_per_s": s.get("throughput_samples_per_s"),
+                "throughput_ci95_pct": s.get("throughput_ci95_pct"),
+                "phases_s": s.get("phases_s"),
+                "gpu": s.get("gpu"),
+                "gpus": s.get("gpus"),
+                "host": s.get("host"),
+                "monitor_overhead_pct": s.get("monitor_overhead_pct"),
+                "mfu": None,
+            }
+        )
+    else:
+        render_command_summary(out, result)
+    if result.returncode != 0:
+        raise _CommandFailed(result)
+
+
+class _CommandFailed(GpulensError):
+    def __init__(self, result):
+        super().__init__(
+            f"the command ended with exit code {result.returncode} (status {result.status}); "
+            f"its record is {result.record_dir}"
+        )
+
+
+# -------------------------------------------------------------------------------------- demo
+@app.command(help="Make a small JPEG dataset, train a small CNN on it under the monitor, "
+             "store the run and print what was measured. Works on CPU-only machines.")  # fmt: skip
+def demo(
+    steps: int = typer.Option(None, "--steps", help="Measured steps [60 on CPU, 200 on GPU]."),
+    device: str = typer.Option(None, "--device", help="cuda:N or cpu [cuda:0 if present]."),
+    store: bool = typer.Option(True, "--store/--no-store", help="Log the run to MLflow."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
+) -> None:
+    from gpulens.report.terminal import render_train_summary
+    from gpulens.workloads.datagen import make_images
+    from gpulens.workloads.devices import resolve_device
+    from gpulens.workloads.train import TrainConfig
+
+    dev = resolve_device(device)
+    gpu = dev.type == "cuda"
+    data_dir = gpulens_home() / "demo-data" / "images"
+    n_images = 2048 if gpu else 384
+    if not data_dir.exists():
+        with _progress(json_out) as progress:
+            task = progress.add_task("making demo JPEGs", total=n_images)
+            make_images(
+                data_dir, n_images,
+                progress=lambda done, total: progress.update(task, completed=done, total=total),
+            )  # fmt: skip
+    config = TrainConfig(
+        workload="resnet18" if gpu else "tiny_cnn",
+        batch_size=64 if gpu else 32,
+        steps=steps or (200 if gpu else 60),
+        device=str(dev),
+        precision="bf16" if gpu else "fp32",
+        data=str(data_dir),
+        name="demo",
+    )
+    result = _train(config, json_out, store, kind="demo")
+    if json_out:
+        _emit_json(_train_json(result))
+    else:
+        render_train_summary(out, result.run_id, result.record_dir, result.summary)
+
+
+# ------------------------------------------------------------------------------------ doctor
+@app.command(help="What gpulens can measure on this machine, and how to enable what is missing.")
+def doctor(json_out: bool = typer.Option(False, "--json", help="Print one JSON document.")) -> None:
+    from gpulens.probes.capabilities import checks_as_dict, run_checks
+    from gpulens.report.terminal import render_checks
+
+    checks = run_checks()
+    if json_out:
+        _emit_json(checks_as_dict(checks))
+    else:
+        render_checks(out, checks)
+
+
+# --------------------------------------------------------------------------------- workloads
+@app.command(help="List the built-in workloads.")
+def workloads(json_out: bool = typer.Option(False, "--json", help="Print one JSON document.")):
+    from gpulens.workloads.models import list_workloads
+
+    specs = list_workloads()
+    if json_out:
+        _emit_json(
+            [
+                {"name": w.name, "task": w.task, "default_batch_size": w.default_batch_size,
+                 "input_shape": list(w.input_shape)}  # fmt: skip
+                for w in specs
+            ]
+        )
+        return
+    for w in specs:
+        out.print(f"{w.name:<20} {w.task:<22} batch {w.default_batch_size:<4} {w.input_shape}")
+
+
+# -------------------------------------------------------------------------------------- data
+@data_app.command("make", help="Generate JPEGs (ImageFolder layout, ~100 KB each, "
+                  "ImageNet-like size) or a token file for the language model.")  # fmt: skip
+def data_make(
+    kind: str = typer.Argument(..., help="images or tokens"),
+    out_dir: Path = typer.Option(..., "--out", help="Directory to create."),
+    n: int = typer.Option(..., "--n", help="Number of images, or of tokens."),
+    force: bool = typer.Option(False, "--force", help="Replace a non-empty --out."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON document."),
+) -> None:
+    from gpulens.workloads.datagen import make_images, make_tokens
+
+    if kind not in ("images", "tokens"):
+        raise UsageError(f"unknown data kind '{kind}': use images or tokens")
+    if n <= 0:
+        raise UsageError(f"--n must be a positive integer, got {n}")
+    with _progress(json_out) as progress:
+        task = progress.add_task(f"making {kind}", total=n)
+
+        def on_progress(done: int, total: int) -> None:
+            progress.update(task, completed=done, total=total)
+
+        if kind == "images":
+            info = make_images(out_dir, n, force=force, progress=on_progress)
+        else:
+            info = make_tokens(out_dir, n, force=force)
+    if json_out:
+        _emit_json(info)
+    else:
+        out.print(
+            f"made {info['n']} {kind} in {info['path']} "
+            f"({info['total_bytes'] / 2**20:,.1f} MiB, {info['elapsed_s']:.1f} s)"
+        )
+
+
+def _mount_runs() -> None:
+    from gpulens.cli_runs import runs_app
+
+    app.add_typer(runs_app, name="runs", help="List, show, compare, export and sync stored runs.")
+
+
+_mount_runs()
+
+
+# -------------------------------------------------------------------------------------- main
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: one line and a non-zero exit for every error, tracebacks only with --debug."""
+    args = sys.argv[1:] if argv is None else argv
+    debug = "--debug" in args
+    try:
+        app(args=args, prog_name="gpulens", standalone_mode=False)
+        return 0
+    except GpulensError as exc:
+        if debug:
+            raise
+        err.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+        return exc.exit_code
+    except click.exceptions.Abort:
+        err.print("interrupted")
+        return 130
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        return 130
+    except click.exceptions.ClickException as exc:
+        exc.show(file=sys.stderr)
+        return exc.exit_code
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except Exception as exc:
+        if debug:
+            raise
+        err.print(
+            f"[red]internal error:[/red] {type(exc).__name__}: {exc} "
+            "(run again with --debug for the traceback, and please report it)",
+            highlight=False,
+            soft_wrap=True,
+        )
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""Monitoring an arbitrary command: ``gpulens run -- python train.py ...``."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpulens.errors import RuntimeFailure, UsageError
+from gpulens.probes.environment import capture_environment
+from gpulens.probes.gpu import describe_gpus, open_gpu_probe
+from gpulens.probes.host import HostProbe
+from gpulens.probes.monitor import Monitor
+from gpulens.probes.summary import summarize_gpu, summarize_host
+from gpulens.record.writer import RunWriter
+from gpulens.workloads.tracking import RUN_DIR_ENV, read_tracker_summary
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class CommandResult:
+    run_id: str
+    record_dir: Path
+    returncode: int
+    status: str
+    summary: dict[str, Any]
+
+
+def run_command(
+    argv: list[str], runs_root: Path, sample_hz: float = 10.0, name: str | None = None
+) -> CommandResult:
+    """Run ``argv`` to completion under the GPU and host monitor, in a run record of kind
+    ``command``. The child finds the run directory in ``$GPULENS_RUN_DIR`` (the tracking API
+    uses it). Ctrl-C and SIGTERM are passed on to the child; the record ends ``killed``."""
+    if not argv:
+        raise UsageError("no command given: gpulens run -- python train.py ...")
+    gpus = describe_gpus()
+    writer = RunWriter(
+        runs_root,
+        kind="command",
+        name=name or Path(argv[0]).name,
+        requested_config={"command": shlex.join(argv), "sample_hz": sample_hz},
+        environment=capture_environment(gpus),
+    )
+    env = dict(os.environ, **{RUN_DIR_ENV: str(writer.dir)})
+    try:
+        child = subprocess.Popen(argv, env=env)
+    except (FileNotFoundError, PermissionError, OSError) as exc:
+        reason = "command not found" if isinstance(exc, FileNotFoundError) else str(exc)
+        message = f"could not start '{argv[0]}': {reason}; check the command name and your PATH"
+        writer.finish("failed", error=message)
+        raise RuntimeFailure(message) from exc
+    writer.update(effective_config={"command": shlex.join(argv), "pid": child.pid})
+    gpu_probe = open_gpu_probe()
+    if getattr(gpu_probe, "reason", None):
+        writer.update(unsupported={"gpu": gpu_probe.reason})
+    monitor = Monitor(writer, [gpu_probe, HostProbe(root_pid=child.pid)], hz=sample_hz)
+    interrupted: list[int] = []
+
+    def forward(signum, _frame):
+        interrupted.append(signum)
+        if child.poll() is None:
+            child.send_signal(signum)
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    t0_unix = time.time()
+    t0 = time.perf_counter()
+    try:
+        with monitor:
+            returncode = child.wait()
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+    wall_s = time.perf_counter() - t0
+    t1_unix = time.time()
+
+    summary: dict[str, Any] = {"wall_s": wall_s, "returncode": returncode}
+    tracker = read_tracker_summary(writer.dir)
+    if tracker:
+        summary.update(tracker)
+    gpu_df = writer.read_series("gpu")
+    # No energy per sample here: the command's samples and its wall window do not line up.
+    per_gpu = [summarize_gpu(gpu_df, t0_unix, t1_unix, g["index"], None) for g in gpus]
+    summary["gpus"] = [g for g in per_gpu if g]
+    summary["gpu"] = summary["gpus"][0] if summary["gpus"] else None
+    summary["host"] = summarize_host(writer.read_series("host"), t0_unix, t1_unix)
+    summary.update(monitor.overhead().as_dict())
+    writer.update(summary=summary)
+    if interrupted:
+        status, error = "killed", f"stopped by signal {signal.Signals(interrupted[0]).name}"
+    elif returncode != 0:
+        status, error = "failed", f"command exited with code {returncode}"
+    else:
+        status, error = "finished", None
+    writer.finish(status, error=error)
+    return CommandResult(writer.run_id, writer.dir, returncode, status, summary)
+

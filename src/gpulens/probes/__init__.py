@@ -1,0 +1,1 @@
+"""What observes: GPU sampler (NVML/GPM), host sampler, step/phase timer."""

@@ -1,0 +1,219 @@
+"""Crash-safe writers for the run record."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from gpulens.record import schema
+
+log = logging.getLogger(__name__)
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def new_run_id() -> str:
+    return datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+
+
+def atomic_write_json(path: Path, data: dict[str, Any]) -> None:
+    """Write JSON so that readers see the old or the new file, never half of one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1, default=_json_default, allow_nan=False)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _json_default(obj: Any) -> Any:
+    if hasattr(obj, "item"):  # numpy scalars
+        return obj.item()
+    if isinstance(obj, Path):
+        return str(obj)
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+class SeriesWriter:
+    """Appends rows of one time series; rows reach the disk at least every ``flush_interval_s``.
+
+    Thread-safe. Rows are dicts whose keys are the schema's fields (missing keys are null).
+    """
+
+    def __init__(self, path: Path, arrow_schema: pa.Schema, flush_interval_s: float = 1.0):
+        self.path = Path(path).with_suffix(schema.STREAM_SUFFIX)
+        self.schema = arrow_schema
+        self.flush_interval_s = flush_interval_s
+        self._rows: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        self._file = open(self.path, "wb")
+        self._writer = pa.ipc.new_stream(self._file, arrow_schema)
+        # An empty batch puts the schema on disk now, so a record killed before its first flush
+        # still reads back with its columns.
+        self._writer.write_batch(pa.RecordBatch.from_pylist([], schema=arrow_schema))
+        self._file.flush()
+        self._last_flush = time.monotonic()
+        self.rows_written = 0
+        self._closed = False
+
+    def append(self, row: dict[str, Any]) -> None:
+        with self._lock:
+            self._rows.append(row)
+            if time.monotonic() - self._last_flush >= self.flush_interval_s:
+                self._flush_locked()
+
+    def flush(self) -> None:
+        with self._lock:
+            self._flush_locked()
+
+    def _flush_locked(self) -> None:
+        self._last_flush = time.monotonic()
+        if not self._rows or self._closed:
+            return
+        columns = {f.name: [r.get(f.name) for r in self._rows] for f in self.schema}
+        batch = pa.RecordBatch.from_pydict(columns, schema=self.schema)
+        self._writer.write_batch(batch)
+        self._file.flush()  # into the page cache: survives the death of this process
+        self.rows_written += len(self._rows)
+        self._rows = []
+
+    def close(self, compact: bool = True) -> Path:
+        """Flush, close, and (by default) compact the stream into a Parquet file."""
+        with self._lock:
+            if self._closed:
+                return self.path
+            self._flush_locked()
+            self._writer.close()
+            self._file.close()
+            self._closed = True
+        if not compact:
+            return self.path
+        parquet_path = self.path.with_suffix(schema.PARQUET_SUFFIX)
+        table = pa.ipc.open_stream(pa.OSFile(str(self.path))).read_all()
+        tmp = parquet_path.with_name("." + parquet_path.name + ".tmp")
+        pq.write_table(table, tmp)
+        os.replace(tmp, parquet_path)
+        self.path.unlink()
+        return parquet_path
+
+
+class RunWriter:
+    """Owns one run directory: ``run.json`` plus its series.
+
+    The record is valid at every moment: ``run.json`` is replaced atomically, series are flushed at
+    least once a second, and a heartbeat lets readers tell a live run from a dead one.
+    """
+
+    def __init__(
+        self,
+        runs_root: Path,
+        kind: str,
+        name: str | None = None,
+        requested_config: dict[str, Any] | None = None,
+        environment: dict[str, Any] | None = None,
+        run_id: str | None = None,
+    ):
+        self.run_id = run_id or new_run_id()
+        self.dir = Path(runs_root) / self.run_id
+        (self.dir / schema.SERIES_DIR).mkdir(parents=True, exist_ok=False)
+        proc = psutil.Process()
+        self.meta: dict[str, Any] = {
+            "schema_version": schema.SCHEMA_VERSION,
+            "run_id": self.run_id,
+            "name": name or self.run_id,
+            "kind": kind,
+            "status": schema.STATUS_RUNNING,
+            "pid": proc.pid,
+            "pid_create_time": proc.create_time(),
+            "hostname": socket.gethostname(),
+            "created_at": now_iso(),
+            "ended_at": None,
+            "heartbeat_at": now_iso(),
+            "requested_config": requested_config or {},
+            "effective_config": {},
+            "environment": environment or {},
+            "summary": {},
+            "unsupported": {},
+            "error": None,
+        }
+        self._series: dict[str, SeriesWriter] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.save()
+        self._heartbeat = threading.Thread(target=self._beat, name="gpulens-heartbeat", daemon=True)
+        self._heartbeat.start()
+
+    # --- metadata -------------------------------------------------------------------------
+    def update(self, **fields: Any) -> None:
+        with self._lock:
+            for key, value in fields.items():
+                if isinstance(value, dict) and isinstance(self.meta.get(key), dict):
+                    self.meta[key].update(value)
+                else:
+                    self.meta[key] = value
+        self.save()
+
+    def save(self) -> None:
+        with self._lock:
+            self.meta["heartbeat_at"] = now_iso()
+            atomic_write_json(self.dir / schema.RUN_FILE, self.meta)
+
+    def _beat(self) -> None:
+        while not self._stop.wait(schema.HEARTBEAT_INTERVAL_S):
+            try:
+                self.save()
+            except OSError as exc:  # a full disk must not kill the workload
+                log.warning("heartbeat failed: %s", exc)
+
+    # --- series ---------------------------------------------------------------------------
+    def series(self, name: str, arrow_schema: pa.Schema, flush_interval_s: float = 1.0):
+        writer = SeriesWriter(self.dir / schema.SERIES_DIR / name, arrow_schema, flush_interval_s)
+        self._series[name] = writer
+        return writer
+
+    def read_series(self, name: str):
+        """Everything written so far to series ``name``, as a DataFrame (flushes it first)."""
+        from gpulens.record.reader import read_series_table
+
+        if name in self._series:
+            self._series[name].flush()
+        return read_series_table(self.dir / schema.SERIES_DIR / name).to_pandas()
+
+    # --- end ------------------------------------------------------------------------------
+    def finish(self, status: str = schema.STATUS_FINISHED, error: str | None = None) -> None:
+        if status not in schema.STATUSES:
+            raise ValueError(f"unknown status {status!r}")
+        self._stop.set()
+        for writer in self._series.values():
+            try:
+                writer.close(compact=True)
+            except Exception as exc:  # keep the stream; the reader still reads it
+                log.warning("could not compact series %s: %s", writer.path.name, exc)
+        self.update(status=status, ended_at=now_iso(), error=error)
+
+    def __enter__(self) -> RunWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self.meta["status"] != schema.STATUS_RUNNING:
+            return
+        if exc_type is None:
+            self.finish()
+        elif issubclass(exc_type, KeyboardInterrupt):
+            self.finish(schema.STATUS_KILLED, error="interrupted (Ctrl-C)")
+        else:
+            self.finish(schema.STATUS_FAILED, error=str(exc) or exc_type.__name__)

@@ -1,0 +1,138 @@
+"""Terminal rendering of summaries (rich). The only place besides cli/web that prints."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+
+def _fmt(value: Any, unit: str = "", digits: int = 1) -> str:
+    if value is None:
+        return "[dim]n/a[/dim]"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}{unit}"
+    return f"{value}{unit}"
+
+
+def _ms(value_s: float | None) -> str:
+    return "[dim]n/a[/dim]" if value_s is None else f"{1000 * value_s:,.2f} ms"
+
+
+def next_steps(summary: dict[str, Any]) -> list[str]:
+    """What to look at next, from the numbers (most telling first)."""
+    tips: list[str] = []
+    phases = summary.get("phases_s") or {}
+    step = phases.get("step") or 0
+    wait = phases.get("data_wait") or 0
+    if step and wait / step > 0.10:
+        tips.append(
+            f"the loop waits for data {100 * wait / step:.0f}% of each step: try more --workers, "
+            "or see which part of loading is slow with `gpulens stalls`"
+        )
+    gpu = summary.get("gpu") or {}
+    util = gpu.get("gpu_util_pct")
+    if util is not None and util < 70:
+        tips.append(
+            f"GPU utilization is only {util:.0f}%: the GPU is idle between steps; a larger "
+            "--batch-size or --precision bf16 gives it more work per launch"
+        )
+    mfu = summary.get("mfu")
+    if mfu is not None and mfu < 0.3 and summary.get("precision") == "fp32":
+        tips.append("MFU is low in fp32: try --precision bf16 to use the tensor cores")
+    ci = summary.get("throughput_ci95_pct")
+    if ci is not None and ci > 5:
+        tips.append(f"the throughput is uncertain (±{ci:.1f}%): run longer or use --until-ci 2")
+    if summary.get("device") == "cpu":
+        tips.append("this ran on the CPU: `gpulens doctor` says what a GPU machine would add")
+    tips.append("compare runs with `gpulens runs compare RUN RUN`; list them with `gpulens runs list`")
+    return tips
+
+
+def render_train_summary(console: Console, run_id: str, record_dir, summary: dict[str, Any]) -> None:
+    """The summary ``gpulens run`` and ``gpulens demo`` print."""
+    title = (
+        f"{summary['workload']} on {summary['device']} · {summary['precision']} · "
+        f"batch {summary['batch_size']}"
+    )
+    table = Table(title=title, show_header=False, title_justify="left", box=None, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column()
+    tput, ci = summary.get("throughput_samples_per_s"), summary.get("throughput_ci95_pct")
+    ci_text = f" ± {ci:.1f}% (95% CI)" if ci is not None else " (too few steps for a CI)"
+    table.add_row("throughput", f"{_fmt(tput)} samples/s{ci_text}")
+    table.add_row(
+        "steps",
+        f"{summary['measured_steps']} measured after {summary['warmup_steps']} warm-up "
+        f"(stopped by {summary['stop_reason']})",
+    )
+    phases = summary.get("phases_s") or {}
+    step = phases.get("step")
+    for key, label in (("data_wait", "data wait"), ("h2d", "host→device"), ("compute", "compute")):
+        value = phases.get(key)
+        share = f"  ({100 * value / step:.0f}% of step)" if value is not None and step else ""
+        table.add_row(f"  {label}", _ms(value) + share)
+    table.add_row("  step", _ms(step))
+    gpu = summary.get("gpu")
+    if gpu:
+        table.add_row("GPU", gpu.get("name") or "")
+        table.add_row("  utilization", _fmt(gpu.get("gpu_util_pct"), "%"))
+        if gpu.get("sm_activity_pct") is not None:
+            table.add_row(
+                "  SM / tensor activity",
+                f"{_fmt(gpu.get('sm_activity_pct'), '%')} / "
+                f"{_fmt(gpu.get('tensor_activity_pct'), '%')}",
+            )
+        peak = gpu.get("peak_mem_allocated_bytes")
+        table.add_row("  peak memory", _fmt(peak / 2**30 if peak else None, " GiB", 2))
+        table.add_row("  power", _fmt(gpu.get("power_mean_w"), " W"))
+        table.add_row("  energy / sample", _fmt(gpu.get("energy_per_sample_j"), " J", 3))
+        mfu = summary.get("mfu")
+        table.add_row("  MFU", _fmt(100 * mfu if mfu is not None else None, "%"))
+    host = summary.get("host") or {}
+    table.add_row("CPU utilization", _fmt(host.get("cpu_util_pct"), "% of all cores"))
+    table.add_row("  this run's processes", _fmt(host.get("proc_tree_cpu_pct"), "% of one core"))
+    table.add_row("monitor overhead", _fmt(summary.get("monitor_overhead_pct"), "% of one core", 2))
+    console.print(table)
+    console.print(f"[dim]run {run_id} · record {record_dir}[/dim]")
+    console.print("[bold]Next:[/bold]")
+    for tip in next_steps(summary):
+        console.print(f"  • {tip}")
+
+
+def render_command_summary(console: Console, result) -> None:
+    s = result.summary
+    console.print(
+        f"[bold]{result.status}[/bold] · exit code {result.returncode} · "
+        f"{s.get('wall_s', 0):.1f} s · run {result.run_id}"
+    )
+    if s.get("throughput_samples_per_s") is not None:
+        ci = s.get("throughput_ci95_pct")
+        ci_text = f" ± {ci:.1f}%" if ci is not None else ""
+        console.print(f"throughput {s['throughput_samples_per_s']:,.1f} samples/s{ci_text}")
+        phases = s.get("phases_s") or {}
+        console.print(
+            f"per step: data wait {_ms(phases.get('data_wait'))}, "
+            f"compute {_ms(phases.get('compute'))}, step {_ms(phases.get('step'))}"
+        )
+    for g in s.get("gpus") or []:
+        console.print(
+            f"GPU {g['gpu_index']}: utilization {_fmt(g.get('gpu_util_pct'), '%')}, "
+            f"power {_fmt(g.get('power_mean_w'), ' W')}, energy {_fmt(g.get('energy_j'), ' J')}"
+        )
+    host = s.get("host") or {}
+    console.print(f"CPU: {_fmt(host.get('proc_tree_cpu_pct'), '% of one core')} for the command")
+    console.print(f"[dim]record {result.record_dir}[/dim]")
+
+
+def render_checks(console: Console, checks) -> None:
+    table = Table(title="gpulens doctor", title_justify="left")
+    table.add_column("check")
+    table.add_column("status")
+    table.add_column("value / how to enable")
+    for c in checks:
+        mark = "[green]ok[/green]" if c.ok else "[yellow]missing[/yellow]"
+        detail = str(c.value) if c.ok or not c.how_to_enable else f"{c.value} — {c.how_to_enable}"
+        table.add_row(c.name, mark, detail)
+    console.print(table)
