@@ -113,7 +113,13 @@ def _optimizer(spec: WorkloadSpec, model: torch.nn.Module) -> torch.optim.Optimi
     return torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
 
-def _synthetic_batches(spec: WorkloadSpec, batch: int, device: torch.device, seed: int):
+def _synthetic_batches(
+    spec: WorkloadSpec,
+    batch: int,
+    device: torch.device,
+    seed: int,
+    memory_format: torch.memory_format = torch.contiguous_format,
+):
     """A few batches already on the device, cycled: no loading, no copy (ingestion-free)."""
     g = torch.Generator().manual_seed(seed)
     pool = []
@@ -124,7 +130,8 @@ def _synthetic_batches(spec: WorkloadSpec, batch: int, device: torch.device, see
         else:
             x = torch.randn((batch, *spec.input_shape), generator=g)
             y = torch.randint(0, spec.num_classes, (batch,), generator=g)
-            pool.append((x.to(device), y.to(device)))
+            x = x.to(device)
+            pool.append((x.contiguous(memory_format=memory_format) if x.dim() == 4 else x, y.to(device)))
     return itertools.cycle(pool)
 
 
@@ -251,7 +258,7 @@ def _train(
     scaler = torch.amp.GradScaler(device.type) if eff["precision"] == "fp16" else None
 
     if eff["data"] == "synthetic":
-        batches = _synthetic_batches(spec, batch, device, eff["seed"])
+        batches = _synthetic_batches(spec, batch, device, eff["seed"], memory_format)
         eff["dataset"] = {"kind": "synthetic_on_device", "pool_batches": SYNTHETIC_POOL_BATCHES}
     else:
         from gpulens.workloads.datasets import build_dataset, describe_dataset
