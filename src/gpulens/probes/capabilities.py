@@ -31,9 +31,8 @@ def run_checks() -> list[Check]:
     checks: list[Check] = []
     nvml_ok, nvml_message = nvml_status()
     checks.append(
-        Check("nvml", nvml_ok, nvml_message, None if nvml_ok else
-              "install an NVIDIA driver and `pip install nvidia-ml-py`; without it GPU metrics "
-              "are recorded as unsupported")
+        Check("nvml", nvml_ok, nvml_message if nvml_ok else "not available",
+              None if nvml_ok else nvml_message)
     )  # fmt: skip
     gpus = describe_gpus() if nvml_ok else []
     for g in gpus:

@@ -1,0 +1,360 @@
+"""``gpulens runs ...``: list, show, compare, export and sync stored runs.
+
+Humans get rich tables on stdout; ``--json`` prints exactly one JSON document on stdout; progress
+and logs go to stderr. Errors are gpulens exceptions, rendered by the main entry point.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from gpulens.paths import default_tracking_uri, runs_dir
+from gpulens.record.reader import RunRecord, list_records
+from gpulens.store.queries import (
+    EXPORT_FORMATS,
+    REL_DIFF_COLUMN,
+    compare_runs,
+    export_run,
+    find_run,
+    flatten,
+    json_safe,
+    run_facts,
+    series_info,
+)
+
+runs_app = typer.Typer(
+    help="List, inspect, compare, export and sync stored runs.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+out = Console()
+err = Console(stderr=True)
+
+_STATUS_STYLE = {"finished": "green", "running": "cyan", "failed": "red", "killed": "yellow"}
+_LIST_METRICS = ("throughput_samples_per_s", "wall_s")
+
+
+def _emit_json(doc: Any) -> None:
+    sys.stdout.write(json.dumps(json_safe(doc), default=str, allow_nan=False) + "\n")
+    sys.stdout.flush()
+
+
+def _cell(value: Any, max_chars: int = 200) -> str:
+    """``_fmt`` cut to ``max_chars`` (a table is no place for an 800-character string)."""
+    text = _fmt(value)
+    return text if len(text) <= max_chars else text[: max_chars - 1] + "…"
+
+
+def _fmt(value: Any) -> str:
+    """A value for a table cell: numbers with 4 significant digits, structures as JSON."""
+    if value is None or (isinstance(value, float) and value != value):
+        return "-"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return f"{value:.4g}" if abs(value) < 1e15 else f"{value:.3e}"
+    if isinstance(value, (list, tuple, dict)):
+        return json.dumps(value, default=str)
+    return str(value)
+
+
+def _when(iso: str | None, seconds: bool = True) -> str:
+    if not iso:
+        return "-"
+    try:
+        fmt = "%Y-%m-%d %H:%M:%S" if seconds else "%m-%d %H:%M"
+        return datetime.fromisoformat(iso).astimezone().strftime(fmt)
+    except ValueError:
+        return iso
+
+
+def _status(status: str | None) -> str:
+    style = _STATUS_STYLE.get(status or "", "white")
+    return f"[{style}]{status}[/{style}]"
+
+
+def _synced(record: RunRecord, uri: str) -> str | None:
+    from gpulens.store.mlflow_sink import DEFAULT_EXPERIMENT, synced_run_id
+
+    return synced_run_id(record, uri, DEFAULT_EXPERIMENT)
+
+
+def _list_row(record: RunRecord, uri: str) -> dict[str, Any]:
+    row = run_facts(record)
+    summary = record.meta.get("summary") or {}
+    for key in _LIST_METRICS:
+        row[key] = summary.get(key)
+    row["mlflow_run_id"] = _synced(record, uri)
+    return row
+
+
+# ----------------------------------------------------------------------------- list
+# (header, cell, min width, column options) in the order shown; narrow terminals drop the last
+# ones in _LIST_DROP_ORDER first.
+_LIST_COLUMNS: list[tuple[str, Any, int, dict[str, Any]]] = [
+    ("run id", lambda r: r["run_id"], 22, {"style": "bold"}),
+    ("status", lambda r: _status(r["status"]), 8, {}),
+    ("created", lambda r: _when(r["created_at"], seconds=False), 11, {}),
+    ("dur s", lambda r: _fmt(r["duration_s"]), 5, {"justify": "right"}),
+    ("samples/s", lambda r: _fmt(r["throughput_samples_per_s"]), 9, {"justify": "right"}),
+    ("workload", lambda r: _fmt(r["workload"]), 10, {"overflow": "ellipsis", "ratio": 2}),
+    ("device", lambda r: _fmt(r["device"]), 6, {"overflow": "ellipsis", "ratio": 1}),
+    (
+        "name",
+        lambda r: "" if r["name"] == r["run_id"] else _fmt(r["name"]),
+        6,
+        {"overflow": "ellipsis", "ratio": 1},
+    ),
+    ("mlflow", lambda r: "synced" if r["mlflow_run_id"] else "", 6, {}),
+]
+_LIST_DROP_ORDER = ("mlflow", "name", "dur s", "device", "created")
+
+
+def _fit_columns(width: int) -> list[tuple[str, Any, int, dict[str, Any]]]:
+    columns = list(_LIST_COLUMNS)
+    for header in _LIST_DROP_ORDER:
+        if sum(c[2] + 3 for c in columns) <= width:
+            break
+        columns = [c for c in columns if c[0] != header]
+    return columns
+
+
+@runs_app.command("list", help="Stored runs, newest first.")
+def list_runs(
+    limit: int = typer.Option(20, "--limit", "-n", help="Show at most N runs (0: all)."),
+    status: str = typer.Option(None, "--status", help="Only runs with this status."),
+    kind: str = typer.Option(None, "--kind", help="Only runs of this kind (train, command...)."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
+) -> None:
+    records = list(reversed(list_records(runs_dir())))
+    if status:
+        records = [r for r in records if r.status == status]
+    if kind:
+        records = [r for r in records if r.meta.get("kind") == kind]
+    total = len(records)
+    if limit and limit > 0:
+        records = records[:limit]
+    uri = default_tracking_uri()
+    rows = [_list_row(r, uri) for r in records]
+    if json_out:
+        _emit_json({"runs": rows, "total": total, "runs_dir": str(runs_dir())})
+        return
+    if not rows:
+        out.print(
+            f"[dim]no runs in {runs_dir()}: start one with `gpulens run`[/dim]", soft_wrap=True
+        )
+        return
+    table = Table(
+        title=f"runs ({len(rows)} of {total}, newest first)",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
+    columns = _fit_columns(out.width)
+    for header, _, width, kwargs in columns:
+        table.add_column(header, no_wrap=True, min_width=width, **kwargs)
+    for row in rows:
+        table.add_row(*(cell(row) for _, cell, _, _ in columns))
+    out.print(table)
+
+
+# ----------------------------------------------------------------------------- show
+def _kv_table(title: str, items: dict[str, Any], *extra: tuple[str, dict[str, Any]]) -> Table:
+    table = Table(title=title, title_justify="left", show_header=bool(extra))
+    table.add_column("field", style="bold")
+    table.add_column(extra[0][0] if extra else "value", overflow="fold")
+    for name, _ in extra[1:]:
+        table.add_column(name, overflow="fold")
+    keys = list(dict.fromkeys([*items, *(k for _, d in extra[1:] for k in d)]))
+    for key in keys:
+        table.add_row(key, _cell(items.get(key)), *(_cell(d.get(key)) for _, d in extra[1:]))
+    return table
+
+
+@runs_app.command("show", help="Everything about one run (id, unique prefix or 'latest').")
+def show(
+    run: str = typer.Argument(..., help="Run id, unique prefix, name or 'latest'."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
+) -> None:
+    from gpulens.store.mlflow_sink import sync_entries
+
+    record = find_run(run)
+    meta = record.meta
+    facts = run_facts(record)
+    series = series_info(record)
+    mlflow = sync_entries(record)
+    if json_out:
+        _emit_json(
+            {
+                **meta,
+                "duration_s": facts["duration_s"],
+                "workload": facts["workload"],
+                "device": facts["device"],
+                "record_dir": str(record.dir),
+                "series": series,
+                "mlflow": mlflow,
+            }
+        )
+        return
+    head = {k: facts[k] for k in ("run_id", "name", "kind", "workload", "device", "record_dir")}
+    head.update(
+        status=_status(record.status),
+        created=_when(meta.get("created_at")),
+        ended=_when(meta.get("ended_at")),
+        duration_s=facts["duration_s"],
+    )
+    if meta.get("error"):
+        head["error"] = meta["error"]
+    table = Table(show_header=False, box=None)
+    table.add_column(style="bold")
+    table.add_column(overflow="fold")
+    for key, value in head.items():
+        table.add_row(key, value if key == "status" else _fmt(value))
+    out.print(table)
+    eff = flatten(meta.get("effective_config") or {}, keep_none=True)
+    req = flatten(meta.get("requested_config") or {}, keep_none=True)
+    if eff or req:
+        out.print(_kv_table("config", eff, ("effective", eff), ("requested", req)))
+    env = flatten(meta.get("environment") or {})
+    if env:
+        out.print(_kv_table("environment", env))
+    summary = flatten(meta.get("summary") or {})
+    if summary:
+        out.print(_kv_table("summary", summary))
+    unsupported = flatten(meta.get("unsupported") or {})
+    if unsupported:
+        out.print(_kv_table("not measured (and why)", unsupported))
+    st = Table(title="series", title_justify="left")
+    for col in ("name", "rows", "format", "columns"):
+        st.add_column(col, overflow="fold")
+    for s in series:
+        st.add_row(s["name"], str(s["rows"]), s["format"], ", ".join(s["columns"]))
+    out.print(st if series else "[dim]no series recorded[/dim]")
+    for entry in mlflow:
+        out.print(
+            f"[dim]mlflow: run {entry.get('mlflow_run_id')} in experiment "
+            f"'{entry.get('experiment')}' at {entry.get('tracking_uri')}[/dim]",
+            soft_wrap=True,
+        )
+
+
+# ----------------------------------------------------------------------------- compare
+def _pct(value: Any) -> str:
+    if value is None or (isinstance(value, float) and value != value):
+        return ""
+    return f"{value:+.1f}%"
+
+
+@runs_app.command("compare", help="Runs side by side; with two runs, the relative difference.")
+def compare(
+    runs: list[str] = typer.Argument(..., help="Two or more run ids (or prefixes, or 'latest')."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
+) -> None:
+    from gpulens.errors import UsageError
+
+    if len(runs) < 2:
+        raise UsageError("give at least two runs to compare: see `gpulens runs list`")
+    records = [find_run(r) for r in runs]
+    df = compare_runs(records)
+    run_cols = [c for c in df.columns if c != REL_DIFF_COLUMN]
+    if json_out:
+        rows = []
+        for field, row in df.iterrows():
+            item: dict[str, Any] = {"field": field, "values": {c: row[c] for c in run_cols}}
+            if REL_DIFF_COLUMN in df.columns:
+                item[REL_DIFF_COLUMN] = row[REL_DIFF_COLUMN]
+            rows.append(item)
+        _emit_json({"run_ids": run_cols, "rows": rows})
+        return
+    table = Table(title="compare", title_justify="left")
+    table.add_column("field", style="bold", no_wrap=True)
+    names = [r.meta.get("name") for r in records]
+    for col, name in zip(run_cols, names, strict=True):
+        header = col if not name or name == col or names.count(name) > 1 else f"{name}\n{col}"
+        table.add_column(header, justify="right", overflow="fold")
+    if REL_DIFF_COLUMN in df.columns:
+        table.add_column("vs first", justify="right", no_wrap=True)
+    for field, row in df.iterrows():
+        if field == "created_at":
+            cells = [_when(row[c]) for c in run_cols]
+        else:
+            cells = [_cell(row[c], 40) for c in run_cols]
+        if REL_DIFF_COLUMN in df.columns:
+            cells.append(_pct(row[REL_DIFF_COLUMN]))
+        table.add_row(str(field), *cells)
+    out.print(table)
+
+
+# ----------------------------------------------------------------------------- export
+@runs_app.command("export", help="Write a run elsewhere: a copy, CSV or Parquet files, or JSON.")
+def export(
+    run: str = typer.Argument(..., help="Run id, unique prefix, name or 'latest'."),
+    out_path: Path = typer.Option(..., "--out", "-o", help="Where to write (must not exist)."),
+    fmt: str = typer.Option("dir", "--format", "-f", help=f"One of: {', '.join(EXPORT_FORMATS)}."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
+) -> None:
+    record = find_run(run)
+    path = export_run(record, out_path, fmt)
+    if json_out:
+        _emit_json({"run_id": record.run_id, "format": fmt, "path": str(path)})
+    else:
+        out.print(f"exported {record.run_id} ({fmt}) to {path}", soft_wrap=True)
+
+
+# ----------------------------------------------------------------------------- sync
+@runs_app.command("sync", help="Log ended runs not yet in MLflow (idempotent).")
+def sync(
+    uri: str = typer.Option(
+        None, "--uri", help="MLflow tracking URI [$MLFLOW_TRACKING_URI or sqlite in GPULENS_HOME]."
+    ),
+    experiment: str = typer.Option("gpulens", "--experiment", help="MLflow experiment name."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
+) -> None:
+    from gpulens.store.mlflow_sink import sync_all
+
+    tracking_uri = uri or default_tracking_uri()
+    quiet = json_out and not err.is_terminal
+
+    def progress(i: int, total: int, run_id: str) -> None:
+        if run_id and not quiet:
+            err.print(f"[dim]syncing {i + 1}/{total}: {run_id}[/dim]")
+
+    results = sync_all(tracking_uri=tracking_uri, experiment=experiment, on_record=progress)
+    synced = [{"run_id": rid, "mlflow_run_id": res} for rid, res in results if isinstance(res, str)]
+    failed = [
+        {"run_id": rid, "error": str(res) or type(res).__name__}
+        for rid, res in results
+        if not isinstance(res, str)
+    ]
+    if json_out:
+        _emit_json(
+            {
+                "tracking_uri": tracking_uri,
+                "experiment": experiment,
+                "synced": synced,
+                "failed": failed,
+            }
+        )
+    elif not results:
+        out.print(f"nothing to sync: every ended run is already in {tracking_uri}", soft_wrap=True)
+    else:
+        for item in synced:
+            out.print(f"{item['run_id']} -> mlflow run {item['mlflow_run_id']}", soft_wrap=True)
+        for item in failed:
+            out.print(f"[red]{item['run_id']} failed:[/red] {item['error']}", soft_wrap=True)
+        out.print(
+            f"[dim]{len(synced)} synced, {len(failed)} failed, store: {tracking_uri}[/dim]",
+            soft_wrap=True,
+        )
+    if failed:
+        raise typer.Exit(1)

@@ -1,0 +1,432 @@
+"""Log run records to MLflow: one MLflow run per record.
+
+params = effective config, metrics = numeric summary (plus a downsampled copy of the time series as
+step metrics), tags = environment and gpulens facts, artifacts = the record directory. MLflow is
+imported only inside functions, so the measuring side never needs it.
+
+Which records are synced is kept in a sidecar ``<record>/mlflow.json`` (``run.json`` belongs to
+its writer), keyed by tracking URI and experiment; an MLflow run also carries the tag
+``gpulens.run_id``, so a sync interrupted half-way is found and redone rather than duplicated.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+import logging
+import posixpath
+import re
+from collections.abc import Callable, Iterable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gpulens.errors import MissingExtraError, UsageError
+from gpulens.paths import default_tracking_uri, gpulens_home, runs_dir
+from gpulens.record import schema
+from gpulens.record.reader import RunRecord, list_records, read_record
+from gpulens.record.writer import atomic_write_json, now_iso
+from gpulens.store.queries import flatten, is_number, run_facts
+
+log = logging.getLogger(__name__)
+
+SIDECAR_FILE = "mlflow.json"
+DEFAULT_EXPERIMENT = "gpulens"
+ARTIFACT_PATH = "record"
+# Conservative limits that every MLflow server version accepts.
+MAX_KEY_CHARS = 250
+MAX_PARAM_VALUE_CHARS = 500
+MAX_TAG_VALUE_CHARS = 5000
+MAX_PARAMS_TAGS_PER_BATCH = 100
+MAX_METRICS_PER_BATCH = 1000
+MAX_SERIES_POINTS = 500
+# Series columns copied to MLflow as step metrics.
+GPU_SERIES_COLUMNS = (
+    "gpu_util_pct",
+    "mem_util_pct",
+    "mem_used_bytes",
+    "power_w",
+    "temperature_c",
+    "sm_clock_mhz",
+    "sm_activity_pct",
+    "sm_occupancy_pct",
+    "tensor_activity_pct",
+    "dram_bw_util_pct",
+    "pcie_rx_bytes_per_s",
+    "pcie_tx_bytes_per_s",
+)
+HOST_SERIES_COLUMNS = (
+    "cpu_util_pct",
+    "proc_tree_cpu_pct",
+    "mem_used_bytes",
+    "disk_read_bytes_per_s",
+    "disk_write_bytes_per_s",
+    "net_rx_bytes_per_s",
+    "net_tx_bytes_per_s",
+)
+STEPS_SERIES_COLUMNS = ("step_time_s", "gpu_step_time_s", "data_wait_s", "h2d_s", "compute_s")
+SYNCABLE_STATUSES = (schema.STATUS_FINISHED, schema.STATUS_FAILED, schema.STATUS_KILLED)
+_MLFLOW_STATUS = {
+    schema.STATUS_FINISHED: "FINISHED",
+    schema.STATUS_FAILED: "FAILED",
+    schema.STATUS_KILLED: "KILLED",
+}
+_NOISY_LOGGERS = ("alembic", "mlflow.store.db.utils", "mlflow.store", "mlflow.tracking")
+_BAD_KEY_CHARS = re.compile(r"[^\w./\- ]")
+
+
+# ----------------------------------------------------------------------------- availability
+def is_available() -> bool:
+    """Whether MLflow is installed (without importing it)."""
+    return importlib.util.find_spec("mlflow") is not None
+
+
+def _mlflow_version() -> str | None:
+    try:
+        return importlib.metadata.version("mlflow")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def store_status(home: Path | str | None = None) -> dict[str, Any]:
+    """What ``gpulens doctor`` shows about the store: URI, MLflow version, synced counts."""
+    home_path = Path(home) if home else gpulens_home()
+    uri = default_tracking_uri(home_path)
+    records = [r for r in list_records(runs_dir(home_path)) if r.status in SYNCABLE_STATUSES]
+    synced = sum(1 for r in records if synced_run_id(r, uri, DEFAULT_EXPERIMENT))
+    available = is_available()
+    return {
+        "tracking_uri": uri,
+        "experiment": DEFAULT_EXPERIMENT,
+        "mlflow_available": available,
+        "mlflow_version": _mlflow_version() if available else None,
+        "install_hint": None if available else "pip install 'gpulens[store]'",
+        "runs_ended": len(records),
+        "runs_synced": synced,
+        "runs_unsynced": len(records) - synced,
+    }
+
+
+def _import_mlflow():
+    try:
+        import mlflow
+    except ImportError:
+        raise MissingExtraError("mlflow", "store") from None
+    for name in _NOISY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+    return mlflow
+
+
+# ----------------------------------------------------------------------------- sidecar
+def _read_sidecar(record: RunRecord) -> dict[str, Any]:
+    try:
+        doc = json.loads((record.dir / SIDECAR_FILE).read_text())
+    except (OSError, ValueError):
+        return {"synced": []}
+    if not isinstance(doc.get("synced"), list):
+        doc["synced"] = []
+    return doc
+
+
+def sync_entries(record: RunRecord) -> list[dict[str, Any]]:
+    """Where this record was logged: ``tracking_uri``, ``experiment``, ``mlflow_run_id``..."""
+    return _read_sidecar(record)["synced"]
+
+
+def synced_run_id(record: RunRecord, tracking_uri: str, experiment: str) -> str | None:
+    """The MLflow run id this record was logged as under ``tracking_uri``/``experiment``."""
+    for entry in _read_sidecar(record)["synced"]:
+        if entry.get("tracking_uri") == tracking_uri and entry.get("experiment") == experiment:
+            return entry.get("mlflow_run_id")
+    return None
+
+
+def _write_sidecar(record: RunRecord, entry: dict[str, Any]) -> None:
+    doc = _read_sidecar(record)
+    doc["synced"] = [
+        e
+        for e in doc["synced"]
+        if (e.get("tracking_uri"), e.get("experiment"))
+        != (entry["tracking_uri"], entry["experiment"])
+    ] + [entry]
+    atomic_write_json(record.dir / SIDECAR_FILE, doc)
+
+
+# ----------------------------------------------------------------------------- conversion
+def mlflow_key(key: str) -> str:
+    """A key MLflow accepts: allowed characters only, no path tricks, at most 250 chars."""
+    key = _BAD_KEY_CHARS.sub("_", str(key)).strip() or "_"
+    if posixpath.normpath(key) != key or key.startswith(("/", ".")):
+        key = key.replace("/", "_").lstrip(".") or "_"
+    return key[:MAX_KEY_CHARS]
+
+
+def _text(value: Any, limit: int) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def record_params(record: RunRecord) -> dict[str, str]:
+    """Flattened effective config (requested config if the run never got that far)."""
+    meta = record.meta
+    config = meta.get("effective_config") or meta.get("requested_config") or {}
+    return {
+        mlflow_key(k): _text(v, MAX_PARAM_VALUE_CHARS)
+        for k, v in flatten(config, keep_none=True).items()
+    }
+
+
+def record_metrics(record: RunRecord) -> dict[str, float]:
+    """Flattened numeric summary; None, NaN, bools and strings are left out."""
+    summary = flatten(record.meta.get("summary") or {})
+    return {mlflow_key(k): float(v) for k, v in summary.items() if is_number(v)}
+
+
+def record_tags(record: RunRecord) -> dict[str, str]:
+    """Environment (``env.*``), unsupported metrics, non-numeric summary fields, gpulens facts."""
+    meta = record.meta
+    facts = run_facts(record)
+    tags: dict[str, Any] = {
+        f"env.{k}": v for k, v in flatten(meta.get("environment") or {}).items()
+    }
+    tags.update({f"unsupported.{k}": v for k, v in flatten(meta.get("unsupported") or {}).items()})
+    tags.update(
+        {
+            f"summary.{k}": v
+            for k, v in flatten(meta.get("summary") or {}).items()
+            if not isinstance(v, (int, float)) or isinstance(v, bool)
+        }
+    )
+    tags.update(
+        {
+            "gpulens.run_id": record.run_id,
+            "gpulens.status": record.status,
+            "gpulens.kind": meta.get("kind"),
+            "gpulens.name": meta.get("name"),
+            "gpulens.workload": facts["workload"],
+            "gpulens.device": facts["device"],
+            "gpulens.created_at": meta.get("created_at"),
+            "gpulens.ended_at": meta.get("ended_at"),
+            "gpulens.error": meta.get("error"),
+            "gpulens.record_dir": str(record.dir),
+            "gpulens.schema_version": meta.get("schema_version"),
+        }
+    )
+    return {mlflow_key(k): _text(v, MAX_TAG_VALUE_CHARS) for k, v in tags.items() if v is not None}
+
+
+def _ms(iso: str | None) -> int | None:
+    if not iso:
+        return None
+    try:
+        return int(datetime.fromisoformat(iso).timestamp() * 1000)
+    except ValueError:
+        return None
+
+
+def downsample(df: pd.DataFrame, max_points: int = MAX_SERIES_POINTS) -> pd.DataFrame:
+    """At most ``max_points`` rows: means over consecutive equal-count bins (numeric columns)."""
+    if len(df) <= max_points:
+        return df
+    bins = np.arange(len(df)) * max_points // len(df)
+    return df.select_dtypes("number").groupby(bins).mean().reset_index(drop=True)
+
+
+def series_metrics(record: RunRecord, max_points: int = MAX_SERIES_POINTS) -> list[tuple]:
+    """``(key, value, timestamp_ms, step)`` points for MLflow, at most ``max_points`` per key.
+
+    GPU metrics are ``gpu<index>/<column>``, host metrics ``host/<column>``; their step is the
+    elapsed time in milliseconds since the record's first sample. Step metrics are
+    ``steps/<column>`` with the training step number as step (warm-up steps included).
+    """
+    names = set(record.series_names())
+    frames = {n: record.series(n) for n in ("gpu", "host", "steps") if n in names}
+    times = [
+        df["time_unix_s"].min()
+        for df in frames.values()
+        if "time_unix_s" in df.columns and df["time_unix_s"].notna().any()
+    ]
+    t0_s = float(min(times)) if times else 0.0
+    points: list[tuple] = []
+
+    def add(df: pd.DataFrame, prefix: str, columns: Iterable[str], by_step: bool) -> None:
+        present = [c for c in columns if c in df.columns and df[c].notna().any()]
+        if not present or "time_unix_s" not in df.columns:
+            return
+        keep = ["time_unix_s", *present] + (["step"] if by_step and "step" in df.columns else [])
+        small = downsample(df[keep].astype("float64"), max_points)
+        for col in present:
+            part = small[["time_unix_s", col] + (["step"] if "step" in small.columns else [])]
+            part = part.dropna(subset=[col, "time_unix_s"])
+            for row in part.itertuples(index=False):
+                t_s, value = float(row[0]), float(row[1])
+                step = int(round(row[2])) if len(row) > 2 else int(round((t_s - t0_s) * 1000))
+                points.append((f"{prefix}/{col}", value, int(t_s * 1000), step))
+
+    gpu = frames.get("gpu")
+    if gpu is not None and "gpu_index" in gpu.columns:
+        for index, part in gpu.groupby("gpu_index", sort=True):
+            add(part.sort_values("time_unix_s"), f"gpu{int(index)}", GPU_SERIES_COLUMNS, False)
+    if "host" in frames:
+        add(frames["host"].sort_values("time_unix_s"), "host", HOST_SERIES_COLUMNS, False)
+    if "steps" in frames and "step" in frames["steps"].columns:
+        add(frames["steps"].sort_values("step"), "steps", STEPS_SERIES_COLUMNS, True)
+    return points
+
+
+def _chunks(items: list, size: int) -> Iterable[list]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+# ----------------------------------------------------------------------------- logging
+def _artifact_location(uri: str, experiment: str) -> str | None:
+    """For a local SQLite store, artifacts next to the database (MLflow would use ./mlruns)."""
+    if uri.startswith("sqlite:///"):
+        db = Path(uri[len("sqlite:///") :])
+        return (db.parent / "mlartifacts" / experiment).resolve().as_uri()
+    return None
+
+
+def _experiment_id(client, uri: str, experiment: str) -> str:
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return client.create_experiment(
+            experiment, artifact_location=_artifact_location(uri, experiment)
+        )
+    if exp.lifecycle_stage == "deleted":
+        client.restore_experiment(exp.experiment_id)
+    return exp.experiment_id
+
+
+def _existing_run(client, experiment_id: str, run_id: str):
+    """The MLflow run already holding this record, deleting one left half-written."""
+    safe = run_id.replace("'", "")
+    runs = client.search_runs(
+        [experiment_id], filter_string=f"tags.`gpulens.run_id` = '{safe}'", max_results=50
+    )
+    complete = None
+    for run in runs:
+        if run.data.tags.get("gpulens.synced") == "true" and complete is None:
+            complete = run
+        elif run.data.tags.get("gpulens.synced") != "true":
+            log.info("deleting half-synced MLflow run %s of %s", run.info.run_id, run_id)
+            client.delete_run(run.info.run_id)
+    return complete
+
+
+def log_record(
+    record: RunRecord | Path | str,
+    tracking_uri: str | None = None,
+    experiment: str = DEFAULT_EXPERIMENT,
+) -> str:
+    """Log one ended record as an MLflow run and return its MLflow run id.
+
+    Idempotent: a record already synced to this URI and experiment returns its existing id.
+    """
+    if not isinstance(record, RunRecord):
+        record = read_record(Path(record))
+    if record.status not in SYNCABLE_STATUSES:
+        raise UsageError(
+            f"run {record.run_id} is still {record.status}: sync it once it has ended "
+            "(`gpulens runs sync`)"
+        )
+    mlflow = _import_mlflow()
+    from mlflow.entities import Metric, Param, RunTag
+
+    uri = tracking_uri or default_tracking_uri()
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    known = synced_run_id(record, uri, experiment)
+    if known:
+        try:
+            run = client.get_run(known)
+            if run.info.lifecycle_stage != "deleted":
+                return known
+        except mlflow.exceptions.MlflowException:
+            pass  # the store was wiped or the run purged: log it again
+    experiment_id = _experiment_id(client, uri, experiment)
+    existing = _existing_run(client, experiment_id, record.run_id)
+    if existing is not None:
+        mlflow_run_id = existing.info.run_id
+    else:
+        mlflow_run_id = _log_new(client, experiment_id, record, Metric, Param, RunTag)
+    _write_sidecar(
+        record,
+        {
+            "tracking_uri": uri,
+            "experiment": experiment,
+            "experiment_id": experiment_id,
+            "mlflow_run_id": mlflow_run_id,
+            "synced_at": now_iso(),
+        },
+    )
+    return mlflow_run_id
+
+
+def _log_new(client, experiment_id: str, record: RunRecord, Metric, Param, RunTag) -> str:
+    meta = record.meta
+    start_ms = _ms(meta.get("created_at"))
+    end_ms = _ms(meta.get("ended_at")) or _ms(meta.get("heartbeat_at")) or start_ms
+    tags = record_tags(record)
+    run = client.create_run(
+        experiment_id,
+        start_time=start_ms,
+        tags={"gpulens.run_id": tags.pop("gpulens.run_id")},
+        run_name=meta.get("name"),
+    )
+    mlflow_run_id = run.info.run_id
+    params = [Param(k, v) for k, v in record_params(record).items()]
+    tag_list = [RunTag(k, v) for k, v in tags.items()]
+    for batch in _chunks(params, MAX_PARAMS_TAGS_PER_BATCH):
+        client.log_batch(mlflow_run_id, params=batch, synchronous=True)
+    for batch in _chunks(tag_list, MAX_PARAMS_TAGS_PER_BATCH):
+        client.log_batch(mlflow_run_id, tags=batch, synchronous=True)
+    ts_ms = end_ms or 0
+    metrics = [Metric(k, v, ts_ms, 0) for k, v in record_metrics(record).items()]
+    metrics += [Metric(k, v, t, s) for k, v, t, s in series_metrics(record)]
+    for batch in _chunks(metrics, MAX_METRICS_PER_BATCH):
+        client.log_batch(mlflow_run_id, metrics=batch, synchronous=True)
+    client.log_artifacts(mlflow_run_id, str(record.dir), artifact_path=ARTIFACT_PATH)
+    client.set_tag(mlflow_run_id, "gpulens.synced", "true")
+    client.set_terminated(mlflow_run_id, status=_MLFLOW_STATUS[record.status], end_time=end_ms)
+    return mlflow_run_id
+
+
+def sync_all(
+    home: Path | str | None = None,
+    tracking_uri: str | None = None,
+    experiment: str = DEFAULT_EXPERIMENT,
+    on_record: Callable[[int, int, str], None] | None = None,
+) -> list[tuple[str, str | Exception]]:
+    """Log every ended record not yet synced to this URI and experiment.
+
+    Returns ``(run_id, mlflow_run_id)`` per record logged, or ``(run_id, exception)`` where it
+    failed; the others still get logged. ``on_record(i, total, run_id)`` reports progress.
+    """
+    home_path = Path(home) if home else None
+    uri = tracking_uri or default_tracking_uri(home_path)
+    todo = [
+        r
+        for r in list_records(runs_dir(home_path))
+        if r.status in SYNCABLE_STATUSES and not synced_run_id(r, uri, experiment)
+    ]
+    if todo:
+        _import_mlflow()
+    results: list[tuple[str, str | Exception]] = []
+    for i, record in enumerate(todo):
+        if on_record:
+            on_record(i, len(todo), record.run_id)
+        try:
+            results.append((record.run_id, log_record(record, uri, experiment)))
+        except MissingExtraError:
+            raise
+        except Exception as exc:  # one bad record must not stop the others
+            log.warning("could not sync %s: %s", record.run_id, exc)
+            results.append((record.run_id, exc))
+    if on_record and todo:
+        on_record(len(todo), len(todo), "")
+    return results

@@ -1,0 +1,163 @@
+"""``gpulens runs ...`` through typer's CliRunner."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from typer.testing import CliRunner
+
+from gpulens.cli_runs import runs_app
+from gpulens.errors import MissingExtraError, UsageError
+from gpulens.record.writer import RunWriter
+
+SCHEMA = pa.schema(
+    [("time_unix_s", pa.float64()), ("gpu_index", pa.int32()), ("power_w", pa.float64())]
+)
+FAST, SLOW, DEAD = "20240201-000001-fa5700", "20240201-000002-510e00", "20240201-000003-dead00"
+
+runner = CliRunner()
+# MLflow's own SQLAlchemy use warns about itself; not ours to fix.
+pytestmark = pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy")
+
+
+def _finished(runs: Path, run_id: str, name: str, throughput: float) -> None:
+    w = RunWriter(runs, kind="train", name=name, run_id=run_id)
+    w.update(
+        effective_config={"workload": "gpt2_tiny", "batch_size": 8, "device": "cpu"},
+        summary={"workload": "gpt2_tiny", "device": "cpu", "throughput_samples_per_s": throughput},
+    )
+    series = w.series("gpu", SCHEMA)
+    t0 = time.time()
+    for i in range(10):
+        series.append({"time_unix_s": t0 + i, "gpu_index": 0, "power_w": 100.0 + i})
+    w.finish()
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory) -> Path:
+    home = tmp_path_factory.mktemp("cli_home")
+    runs = home / "runs"
+    _finished(runs, FAST, "fast", 200.0)
+    _finished(runs, SLOW, "slow", 150.0)
+    w = RunWriter(runs, kind="command", run_id=DEAD)  # killed: owner gone, status still running
+    w._stop.set()
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    w.meta["pid"] = proc.pid
+    w.save()
+    return home
+
+
+@pytest.fixture(autouse=True)
+def _env(home, tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("GPULENS_HOME", str(home))
+    db = tmp_path_factory.getbasetemp() / "cli_mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")
+
+
+def _json(result) -> dict:
+    assert result.exit_code == 0, (result.stdout, result.stderr, result.exception)
+    return json.loads(result.stdout)  # exactly one document, nothing else on stdout
+
+
+def test_list_json_newest_first_and_filters():
+    doc = _json(runner.invoke(runs_app, ["list", "--json"]))
+    assert [r["run_id"] for r in doc["runs"]] == [DEAD, SLOW, FAST]
+    assert doc["total"] == 3
+    fast = doc["runs"][2]
+    assert fast["status"] == "finished"
+    assert fast["workload"] == "gpt2_tiny"
+    assert fast["throughput_samples_per_s"] == 200.0
+    assert doc["runs"][0]["status"] == "killed"
+    doc = _json(runner.invoke(runs_app, ["list", "--json", "--limit", "1"]))
+    assert len(doc["runs"]) == 1 and doc["total"] == 3
+    doc = _json(runner.invoke(runs_app, ["list", "--json", "--status", "killed"]))
+    assert [r["run_id"] for r in doc["runs"]] == [DEAD]
+
+
+def test_list_table():
+    result = runner.invoke(runs_app, ["list"])
+    assert result.exit_code == 0
+    assert FAST in result.stdout and DEAD in result.stdout
+
+
+def test_show(home):
+    doc = _json(runner.invoke(runs_app, ["show", "20240201-000001", "--json"]))
+    assert doc["run_id"] == FAST
+    assert doc["effective_config"]["batch_size"] == 8
+    assert doc["summary"]["throughput_samples_per_s"] == 200.0
+    assert doc["series"][0]["name"] == "gpu" and doc["series"][0]["rows"] == 10
+    assert doc["record_dir"] == str(home / "runs" / FAST)
+    result = runner.invoke(runs_app, ["show", "latest"])
+    assert result.exit_code == 0
+    assert "killed" in result.stdout
+
+
+def test_unknown_and_ambiguous_runs_are_usage_errors():
+    result = runner.invoke(runs_app, ["show", "nope"])
+    assert isinstance(result.exception, UsageError)
+    assert "no run matches 'nope': see `gpulens runs list`" in str(result.exception)
+    assert result.exception.exit_code == 2
+    result = runner.invoke(runs_app, ["show", "20240201"])
+    assert isinstance(result.exception, UsageError)
+    assert "matches 3 runs" in str(result.exception)
+
+
+def test_compare():
+    doc = _json(runner.invoke(runs_app, ["compare", FAST, "slow", "--json"]))
+    assert doc["run_ids"] == [FAST, SLOW]
+    rows = {r["field"]: r for r in doc["rows"]}
+    assert rows["throughput_samples_per_s"]["values"] == {FAST: 200.0, SLOW: 150.0}
+    assert rows["throughput_samples_per_s"]["rel_diff_pct"] == pytest.approx(-25.0)
+    assert rows["config.batch_size"]["rel_diff_pct"] == 0.0
+    result = runner.invoke(runs_app, ["compare", FAST, SLOW])
+    assert result.exit_code == 0 and "-25.0%" in result.stdout
+    result = runner.invoke(runs_app, ["compare", FAST])
+    assert isinstance(result.exception, UsageError)
+
+
+def test_export(tmp_path):
+    doc = _json(
+        runner.invoke(
+            runs_app, ["export", FAST, "--out", str(tmp_path / "e"), "--format", "csv", "--json"]
+        )
+    )
+    assert doc == {"run_id": FAST, "format": "csv", "path": str(tmp_path / "e")}
+    assert (tmp_path / "e" / "gpu.csv").is_file() and (tmp_path / "e" / "run.json").is_file()
+    result = runner.invoke(runs_app, ["export", FAST, "--out", str(tmp_path / "d")])
+    assert result.exit_code == 0
+    assert (tmp_path / "d" / "series" / "gpu.parquet").is_file()
+    result = runner.invoke(runs_app, ["export", FAST, "--out", str(tmp_path / "x"), "-f", "xml"])
+    assert isinstance(result.exception, UsageError)
+
+
+def test_sync_json_then_nothing_left():
+    pytest.importorskip("mlflow")
+    t0 = time.perf_counter()
+    doc = _json(runner.invoke(runs_app, ["sync", "--json"]))
+    first_s = time.perf_counter() - t0
+    assert {s["run_id"] for s in doc["synced"]} == {FAST, SLOW, DEAD}
+    assert doc["failed"] == []
+    t0 = time.perf_counter()
+    again = _json(runner.invoke(runs_app, ["sync", "--json"]))
+    assert again["synced"] == [] and again["failed"] == []
+    sys.stderr.write(
+        f"\n[mlflow] cli sync: first {first_s:.2f} s, second {time.perf_counter() - t0:.2f} s\n"
+    )
+    listed = _json(runner.invoke(runs_app, ["list", "--json"]))
+    assert all(r["mlflow_run_id"] for r in listed["runs"])
+    result = runner.invoke(runs_app, ["sync"])
+    assert result.exit_code == 0 and "nothing to sync" in result.stdout
+
+
+def test_sync_without_mlflow(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "mlflow", None)  # `import mlflow` now raises ImportError
+    result = runner.invoke(runs_app, ["sync", "--uri", f"sqlite:///{tmp_path / 'none.db'}"])
+    assert isinstance(result.exception, MissingExtraError)
+    assert "pip install 'gpulens[store]'" in str(result.exception)
