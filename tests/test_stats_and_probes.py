@@ -145,3 +145,62 @@ def test_summarize_gpu_energy_from_counter_and_nulls():
     assert s2["energy_source"] == "power_integral"
     assert s2["energy_j"] == pytest.approx(300 * 6.0, rel=0.02)
     assert summarize_gpu(df, 2.0, 8.0, gpu_index=1, samples=10) is None
+
+
+def test_monitor_in_its_own_process_writes_series_and_reports(tmp_path):
+    from gpulens.probes.monitor import ProbeSpec
+
+    w = RunWriter(tmp_path, kind="train")
+    m = Monitor(w, [ProbeSpec("gpu"), ProbeSpec("host")], hz=20)
+    with m:
+        time.sleep(1.0)
+    d = m.overhead().as_dict()
+    w.finish()
+    rec = read_record(w.dir)
+    host = rec.series("host")
+    assert 10 <= len(host) <= 25
+    assert (w.dir / "series" / "host.parquet").exists()  # the sampler compacted its series
+    assert d["monitor_isolated_process"] is True
+    assert 10 <= d["monitor_samples"] <= 25
+    # No GPU here (or no NVML): the GPU probe says why instead of writing zeros.
+    if rec.series("gpu").empty:
+        assert "gpu" in rec.meta["unsupported"]
+
+
+def test_sampler_process_exits_when_its_parent_dies(tmp_path):
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, time\n"
+        "from gpulens.record.writer import RunWriter\n"
+        "from gpulens.probes.monitor import Monitor, ProbeSpec\n"
+        "w = RunWriter(sys.argv[1], kind='train', run_id='r')\n"
+        "m = Monitor(w, [ProbeSpec('host')], hz=20).start()\n"
+        "print(m._proc.pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", script, str(tmp_path)], stdout=subprocess.PIPE, text=True
+    )
+    sampler_pid = int(parent.stdout.readline())
+    time.sleep(0.5)
+    parent.kill()
+    parent.wait()
+    import psutil
+
+    deadline = time.time() + 10
+    while psutil.pid_exists(sampler_pid) and time.time() < deadline:
+        try:
+            if psutil.Process(sampler_pid).status() == psutil.STATUS_ZOMBIE:
+                break
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.1)
+    alive = psutil.pid_exists(sampler_pid) and (
+        psutil.Process(sampler_pid).status() != psutil.STATUS_ZOMBIE
+    )
+    assert not alive
+    rec = read_record(tmp_path / "r")
+    assert rec.status == "killed"
+    assert len(rec.series("host")) >= 5

@@ -14,9 +14,8 @@ from typing import Any
 
 from gpulens.errors import RuntimeFailure, UsageError
 from gpulens.probes.environment import capture_environment
-from gpulens.probes.gpu import describe_gpus, open_gpu_probe
-from gpulens.probes.host import HostProbe
-from gpulens.probes.monitor import Monitor
+from gpulens.probes.gpu import describe_gpus
+from gpulens.probes.monitor import Monitor, ProbeSpec
 from gpulens.probes.summary import summarize_gpu, summarize_host
 from gpulens.record.writer import RunWriter
 from gpulens.workloads.tracking import RUN_DIR_ENV, read_tracker_summary
@@ -58,10 +57,9 @@ def run_command(
         writer.finish("failed", error=message)
         raise RuntimeFailure(message) from exc
     writer.update(effective_config={"command": shlex.join(argv), "pid": child.pid})
-    gpu_probe = open_gpu_probe()
-    if getattr(gpu_probe, "reason", None):
-        writer.update(unsupported={"gpu": gpu_probe.reason})
-    monitor = Monitor(writer, [gpu_probe, HostProbe(root_pid=child.pid)], hz=sample_hz)
+    monitor = Monitor(
+        writer, [ProbeSpec("gpu"), ProbeSpec("host", {"root_pid": child.pid})], hz=sample_hz
+    )
     interrupted: list[int] = []
 
     def forward(signum, _frame):

@@ -1,121 +1,238 @@
-"""The monitor: samples every probe at a fixed rate in a background thread into the run record."""
+"""The monitor: samples probes at a fixed rate into the run record.
+
+By default the sampling runs in a separate process (``gpulens.probes.sampler_process``), so the
+monitor never competes with the training loop for Python's interpreter lock; only a spare core's
+time is spent. Probe objects given directly are sampled in a thread of this process instead
+(tests use this with fake probes).
+"""
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import subprocess
+import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
 
+from gpulens.errors import RuntimeFailure
 from gpulens.probes.base import Probe
 from gpulens.record.writer import RunWriter, SeriesWriter
 
 log = logging.getLogger(__name__)
 
+READY_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class ProbeSpec:
+    """How to build a probe in the sampler process: ``kind`` is ``gpu`` or ``host``."""
+
+    kind: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+def build_probe(spec: ProbeSpec) -> Probe:
+    if spec.kind == "gpu":
+        from gpulens.probes.gpu import open_gpu_probe
+
+        return open_gpu_probe(spec.options.get("indices"))
+    if spec.kind == "host":
+        from gpulens.probes.host import HostProbe
+
+        return HostProbe(root_pid=spec.options.get("root_pid"))
+    raise ValueError(f"unknown probe kind {spec.kind!r}")
+
+
+def probe_unsupported(probes: list[Probe]) -> dict[str, str]:
+    """``name.metric -> reason`` for every probe, plus a probe-wide reason for a null probe."""
+    out: dict[str, str] = {}
+    for p in probes:
+        reason = getattr(p, "reason", None)
+        if reason:
+            out[p.name] = reason
+            continue
+        out.update({f"{p.name}.{k}": v for k, v in p.unsupported.items()})
+    return out
+
 
 @dataclass
 class MonitorOverhead:
-    """What the monitor itself cost. ``cpu_pct_of_one_core`` bounds the GIL time it took away."""
+    """What the monitor cost. ``monitor_overhead_pct`` is its CPU time as a share of one core."""
 
     samples: int
     cpu_s: float
     wall_s: float
-    mean_sample_cost_ms: float
-    achieved_hz: float
+    isolated: bool
 
-    @property
-    def cpu_pct_of_one_core(self) -> float:
-        return 100.0 * self.cpu_s / self.wall_s if self.wall_s > 0 else 0.0
-
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {
             "monitor_samples": self.samples,
             "monitor_cpu_s": round(self.cpu_s, 4),
-            "monitor_mean_sample_cost_ms": round(self.mean_sample_cost_ms, 3),
-            "monitor_achieved_hz": round(self.achieved_hz, 2),
-            "monitor_overhead_pct": round(self.cpu_pct_of_one_core, 3),
+            "monitor_mean_sample_cost_ms": round(1000 * self.cpu_s / max(self.samples, 1), 3),
+            "monitor_achieved_hz": round(self.samples / self.wall_s, 2) if self.wall_s else 0.0,
+            "monitor_overhead_pct": round(100 * self.cpu_s / self.wall_s, 3)
+            if self.wall_s
+            else 0.0,
+            "monitor_isolated_process": self.isolated,
         }
+
+
+def sample_loop(
+    probes: list[Probe],
+    series: dict[str, SeriesWriter],
+    period_s: float,
+    should_stop,
+    wait,
+) -> tuple[int, float]:
+    """Sample until ``should_stop()``; returns (samples, cpu seconds spent sampling).
+
+    A probe that raises is logged once and switched off, so a flaky sensor never stops the run.
+    """
+    samples, cpu_s = 0, 0.0
+    broken: set[str] = set()
+    next_t = time.monotonic()
+    while not should_stop():
+        c0 = time.thread_time()
+        for probe in probes:
+            if probe.name in broken:
+                continue
+            try:
+                for row in probe.sample():
+                    series[probe.name].append(row)
+            except Exception as exc:
+                broken.add(probe.name)
+                log.warning("probe %s failed and is switched off: %s", probe.name, exc)
+        samples += 1
+        cpu_s += time.thread_time() - c0
+        next_t += period_s
+        delay = next_t - time.monotonic()
+        if delay < 0:  # fell behind (a slow NVML call): skip ahead instead of bursting
+            next_t, delay = time.monotonic(), 0.0
+        wait(delay)
+    return samples, cpu_s
 
 
 class Monitor:
-    """Samples ``probes`` at ``hz`` into ``writer``'s series, one series per probe name.
+    """Samples probes at ``hz`` into ``writer``'s series, one series per probe name.
 
-    Use as a context manager. A probe that raises is logged once and skipped from then on, so a
-    flaky sensor never stops the workload.
+    ``probes`` are either :class:`ProbeSpec` (sampled in a separate process) or probe objects
+    (sampled in a thread). Use as a context manager.
     """
 
-    def __init__(self, writer: RunWriter, probes: list[Probe], hz: float = 10.0):
+    def __init__(self, writer: RunWriter, probes: list, hz: float = 10.0):
         if hz <= 0:
             raise ValueError("sampling rate must be positive")
         self.writer = writer
-        self.probes = list(probes)
+        self.hz = hz
         self.period_s = 1.0 / hz
-        self._series: dict[str, SeriesWriter] = {
-            p.name: writer.series(p.name, p.schema) for p in self.probes
-        }
+        self.isolated = all(isinstance(p, ProbeSpec) for p in probes)
+        if not self.isolated and any(isinstance(p, ProbeSpec) for p in probes):
+            raise ValueError("give either probe specs or probe objects, not both")
+        self._probes = list(probes)
+        self._proc: subprocess.Popen | None = None
+        self._thread: threading.Thread | None = None
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="gpulens-monitor", daemon=True)
-        self._cpu_s = 0.0
-        self._samples = 0
+        self._result: tuple[int, float] = (0, 0.0)
         self._t0 = 0.0
         self._wall_s = 0.0
-        unsupported = {}
-        for p in self.probes:
-            unsupported.update({f"{p.name}.{k}": v for k, v in p.unsupported.items()})
-        if unsupported:
-            writer.update(unsupported=unsupported)
+        self.unsupported: dict[str, str] = {}
 
-    def _loop(self) -> None:
-        next_t = time.monotonic()
-        broken: set[str] = set()
-        while not self._stop.is_set():
-            c0 = time.thread_time()
-            for probe in self.probes:
-                if probe.name in broken:
-                    continue
-                try:
-                    for row in probe.sample():
-                        self._series[probe.name].append(row)
-                except Exception as exc:
-                    broken.add(probe.name)
-                    log.warning("probe %s failed and is switched off: %s", probe.name, exc)
-            self._samples += 1
-            self._cpu_s += time.thread_time() - c0
-            next_t += self.period_s
-            delay = next_t - time.monotonic()
-            if delay < 0:  # fell behind (a slow NVML call): skip ahead instead of bursting
-                next_t = time.monotonic()
-                delay = 0
-            self._stop.wait(delay)
+    # --- thread mode ----------------------------------------------------------------------
+    def _start_thread(self) -> None:
+        series = {p.name: self.writer.series(p.name, p.schema) for p in self._probes}
+        self.unsupported = probe_unsupported(self._probes)
+
+        def run():
+            self._result = sample_loop(
+                self._probes, series, self.period_s, self._stop.is_set, self._stop.wait
+            )
+            for s in series.values():
+                s.flush()
+
+        self._thread = threading.Thread(target=run, name="gpulens-monitor", daemon=True)
+        self._thread.start()
+
+    # --- process mode ---------------------------------------------------------------------
+    def _start_process(self) -> None:
+        specs = json.dumps([asdict(s) for s in self._probes])
+        src_root = str(Path(__file__).resolve().parents[2])
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [src_root, env.get("PYTHONPATH")]))
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "gpulens.probes.sampler_process", "--run-dir",
+             str(self.writer.dir), "--hz", str(self.hz), "--specs", specs],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+        )  # fmt: skip
+        ready = self._read_message(READY_TIMEOUT_S)
+        if not ready or "ready" not in ready:
+            self._proc.kill()
+            raise RuntimeFailure(
+                "the gpulens sampler process did not start; run with --debug and see its "
+                f"error above (got {ready!r})"
+            )
+        self.unsupported = ready.get("unsupported", {})
+
+    def _read_message(self, timeout_s: float) -> dict[str, Any] | None:
+        result: list[str] = []
+        reader = threading.Thread(target=lambda: result.append(self._proc.stdout.readline()))
+        reader.daemon = True
+        reader.start()
+        reader.join(timeout_s)
+        if not result or not result[0]:
+            return None
+        try:
+            return json.loads(result[0])
+        except json.JSONDecodeError:
+            return None
 
     def start(self) -> Monitor:
+        if self.isolated:
+            self._start_process()
+        else:
+            self._start_thread()
+        if self.unsupported:
+            self.writer.update(unsupported=self.unsupported)
         self._t0 = time.monotonic()
-        self._thread.start()
         return self
 
     def stop(self) -> MonitorOverhead:
-        if self._thread.is_alive():
-            self._stop.set()
-            self._thread.join(timeout=5)
+        if self._wall_s:
+            return self.overhead()
         self._wall_s = time.monotonic() - self._t0
-        for s in self._series.values():
-            s.flush()
-        for p in self.probes:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(timeout=10)
+            for p in self._probes:
+                try:
+                    p.close()
+                except Exception as exc:
+                    log.debug("closing probe %s: %s", p.name, exc)
+        if self._proc is not None:
             try:
-                p.close()
-            except Exception as exc:
-                log.debug("closing probe %s: %s", p.name, exc)
+                self._proc.stdin.write("stop\n")
+                self._proc.stdin.flush()
+            except (BrokenPipeError, OSError):
+                pass
+            done = self._read_message(30.0)
+            if done and "done" in done:
+                self._result = (done["done"]["samples"], done["done"]["cpu_s"])
+            else:
+                log.warning("the sampler process ended without a report; its series are kept")
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
         return self.overhead()
 
     def overhead(self) -> MonitorOverhead:
         wall = self._wall_s or (time.monotonic() - self._t0)
-        return MonitorOverhead(
-            samples=self._samples,
-            cpu_s=self._cpu_s,
-            wall_s=wall,
-            mean_sample_cost_ms=1000.0 * self._cpu_s / max(self._samples, 1),
-            achieved_hz=self._samples / wall if wall > 0 else 0.0,
-        )
+        samples, cpu_s = self._result
+        return MonitorOverhead(samples=samples, cpu_s=cpu_s, wall_s=wall, isolated=self.isolated)
 
     def __enter__(self) -> Monitor:
         return self.start()

@@ -75,9 +75,8 @@ class Tracker:
 
         from gpulens.paths import runs_dir
         from gpulens.probes.environment import capture_environment
-        from gpulens.probes.gpu import describe_gpus, open_gpu_probe
-        from gpulens.probes.host import HostProbe
-        from gpulens.probes.monitor import Monitor
+        from gpulens.probes.gpu import describe_gpus
+        from gpulens.probes.monitor import Monitor, ProbeSpec
         from gpulens.record.writer import RunWriter
 
         self._owned_writer = RunWriter(
@@ -88,7 +87,11 @@ class Tracker:
             environment=capture_environment(describe_gpus()),
         )
         self.run_dir = self._owned_writer.dir
-        self._monitor = Monitor(self._owned_writer, [open_gpu_probe(), HostProbe()], sample_hz)
+        self._monitor = Monitor(
+            self._owned_writer,
+            [ProbeSpec("gpu"), ProbeSpec("host", {"root_pid": os.getpid()})],
+            sample_hz,
+        )
         self._monitor.start()
 
     def data(self, iterable: Iterable) -> Iterator:

@@ -12,7 +12,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -21,10 +21,9 @@ import torch
 
 from gpulens.errors import RuntimeFailure, UsageError
 from gpulens.probes.environment import capture_environment
-from gpulens.probes.gpu import describe_gpus, open_gpu_probe
+from gpulens.probes.gpu import describe_gpus
 from gpulens.probes.gpu_specs import peak_flops
-from gpulens.probes.host import HostProbe
-from gpulens.probes.monitor import Monitor
+from gpulens.probes.monitor import Monitor, ProbeSpec
 from gpulens.probes.steps import STEPS_SCHEMA, StepTimer
 from gpulens.probes.summary import summarize_gpu, summarize_host
 from gpulens.record.writer import RunWriter
@@ -135,10 +134,22 @@ def _synthetic_batches(
     return itertools.cycle(pool)
 
 
-def _loader_batches(loader) -> Iterator:
-    """Endless iteration over a DataLoader, epoch after epoch."""
-    while True:
-        yield from loader
+class EndlessShuffle(torch.utils.data.Sampler):
+    """Shuffled indices, one permutation after another, with no end.
+
+    A DataLoader restarts its workers' queues at every epoch end, which stalls the loop for a
+    moment; in a short measurement one such stall weighs far more than in a long training, so
+    gpulens measures the steady state and never ends an epoch.
+    """
+
+    def __init__(self, n: int, seed: int = 0):
+        self.n = n
+        self.seed = seed
+
+    def __iter__(self):
+        g = torch.Generator().manual_seed(self.seed)
+        while True:
+            yield from torch.randperm(self.n, generator=g).tolist()
 
 
 def _autocast(device: torch.device, precision: str):
@@ -214,11 +225,13 @@ def run_training(
         environment=capture_environment(gpus),
     )
     nvml_index = nvml_index_for(device)
-    gpu_probe = open_gpu_probe([nvml_index] if nvml_index is not None else [])
-    if getattr(gpu_probe, "reason", None):
-        writer.update(unsupported={"gpu": gpu_probe.reason})
+    probes = [ProbeSpec("host", {"root_pid": os.getpid()})]
+    if nvml_index is not None:
+        probes.insert(0, ProbeSpec("gpu", {"indices": [nvml_index]}))
+    else:
+        writer.update(unsupported={"gpu": "the run used the CPU"})
     try:
-        summary = _train(spec, eff, device, writer, gpu_probe, nvml_index, progress)
+        summary = _train(spec, eff, device, writer, probes, nvml_index, progress)
     except torch.cuda.OutOfMemoryError as exc:
         bs = eff["batch_size"]
         message = (
@@ -242,7 +255,7 @@ def _train(
     eff: dict[str, Any],
     device: torch.device,
     writer: RunWriter,
-    gpu_probe,
+    probes: list[ProbeSpec],
     nvml_index: int | None,
     progress: ProgressFn | None,
 ) -> dict[str, Any]:
@@ -273,14 +286,14 @@ def _train(
         loader = torch.utils.data.DataLoader(
             dataset,
             batch_size=batch,
-            shuffle=True,
+            sampler=EndlessShuffle(len(dataset), eff["seed"]),
             drop_last=True,
             num_workers=workers,
             pin_memory=cuda,
             persistent_workers=workers > 0,
             prefetch_factor=4 if workers > 0 else None,
         )
-        batches = _loader_batches(loader)
+        batches = iter(loader)
         eff["dataset"] = describe_dataset(eff["data"])
     writer.update(effective_config=eff)
 
@@ -299,7 +312,7 @@ def _train(
 
     timer = StepTimer(writer.series("steps", STEPS_SCHEMA), cuda=cuda, warmup_steps=0)
     flops_per_step: float | None = None
-    monitor = Monitor(writer, [gpu_probe, HostProbe()], hz=eff["sample_hz"])
+    monitor = Monitor(writer, probes, hz=eff["sample_hz"])
     warmup, max_steps, budget_s = eff["warmup_steps"], eff["steps"], eff["duration_s"]
     t_measure0 = t_measure1 = time.time()
     t_run0 = time.perf_counter()

@@ -1,0 +1,54 @@
+"""The sampler process started by :class:`gpulens.probes.monitor.Monitor`.
+
+Protocol on stdin/stdout, one JSON object per line: it prints ``{"ready": true, "unsupported":
+{...}}`` once its probes are open, samples until it reads ``stop`` (or stdin closes because the
+parent died), compacts its series and prints ``{"done": {"samples": n, "cpu_s": s}}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+
+from gpulens.probes.monitor import ProbeSpec, build_probe, probe_unsupported, sample_loop
+from gpulens.record import schema
+from gpulens.record.writer import SeriesWriter
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="gpulens-sampler")
+    ap.add_argument("--run-dir", required=True)
+    ap.add_argument("--hz", type=float, required=True)
+    ap.add_argument("--specs", required=True)
+    args = ap.parse_args(argv)
+    probes = [build_probe(ProbeSpec(**s)) for s in json.loads(args.specs)]
+    series_dir = f"{args.run_dir}/{schema.SERIES_DIR}"
+    series = {p.name: SeriesWriter(f"{series_dir}/{p.name}", p.schema) for p in probes}
+    print(json.dumps({"ready": True, "unsupported": probe_unsupported(probes)}), flush=True)
+
+    stop = threading.Event()
+
+    def watch_stdin():
+        sys.stdin.readline()  # "stop", or "" when the parent died and the pipe closed
+        stop.set()
+
+    threading.Thread(target=watch_stdin, daemon=True).start()
+    samples, cpu_s = sample_loop(probes, series, 1.0 / args.hz, stop.is_set, stop.wait)
+    for s in series.values():
+        s.close(compact=True)
+    for p in probes:
+        try:
+            p.close()
+        except Exception:
+            pass
+    try:
+        print(json.dumps({"done": {"samples": samples, "cpu_s": cpu_s}}), flush=True)
+    except BrokenPipeError:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
