@@ -37,7 +37,10 @@ def _batch_size(batch: Any) -> int | None:
     if hasattr(batch, "shape") and len(batch.shape) > 0:
         return int(batch.shape[0])
     if isinstance(batch, (list, tuple)) and batch:
-        return _batch_size(batch[0])
+        first = batch[0]
+        if isinstance(first, (int, float, str, bytes)):
+            return len(batch)  # a plain list of samples
+        return _batch_size(first)
     if isinstance(batch, dict) and batch:
         return _batch_size(next(iter(batch.values())))
     return None

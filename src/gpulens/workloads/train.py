@@ -357,7 +357,7 @@ def _train(
                 stop_reason = "duration"
                 break
             if eff["until_ci_pct"] is not None and measured >= 20 and measured % 10 == 0:
-                times = [r["step_time_s"] for r in timer.measured_rows()[:-1]]
+                times = [r["step_time_s"] for r in timer.measured_rows() if r["step_time_s"]]
                 ci = throughput_ci(times, batch)
                 if ci is not None and ci.ci95_pct <= eff["until_ci_pct"]:
                     stop_reason = "until_ci"
