@@ -130,6 +130,7 @@ TRACKED = textwrap.dedent(
     """
     import time
     import gpulens
+    print("the script's own output")
     with gpulens.track(name="t", warmup_steps=2) as tracker:
         for batch in tracker.data([list(range(16))] * 12):
             time.sleep(0.01)
@@ -137,14 +138,15 @@ TRACKED = textwrap.dedent(
 )
 
 
-def test_command_with_tracking_api_fills_the_steps(capsys, tmp_path, gpulens_home):
+def test_command_with_tracking_api_fills_the_steps(capfd, tmp_path, gpulens_home):
     script = tmp_path / "train.py"
     script.write_text(TRACKED)
     code, out, err = run_cli(
-        capsys, "run", "--no-store", "--json", "--", sys.executable, str(script)
+        capfd, "run", "--no-store", "--json", "--", sys.executable, str(script)
     )
     assert code == 0, err
-    doc = json.loads(out)
+    doc = json.loads(out)  # the script's print went to stderr, not into the JSON document
+    assert "the script's own output" in err
     assert doc["status"] == "finished"
     # 12 steps of 16 samples, ~10 ms each, 2 warm-up steps excluded
     assert doc["throughput_samples_per_s"] == pytest.approx(1600, rel=0.35)

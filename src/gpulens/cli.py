@@ -194,7 +194,9 @@ def _run_command(argv: list[str], sample_hz: float, name, store: bool, json_out:
 
     if not json_out:
         err.print(f"[dim]monitoring: {' '.join(argv)}[/dim]")
-    result = run_command(argv, runs_dir(), sample_hz=sample_hz, name=name)
+    result = run_command(
+        argv, runs_dir(), sample_hz=sample_hz, name=name, stdout_to_stderr=json_out
+    )
     _store(result.record_dir, store)
     if json_out:
         s = result.summary

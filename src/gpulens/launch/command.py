@@ -33,11 +33,16 @@ class CommandResult:
 
 
 def run_command(
-    argv: list[str], runs_root: Path, sample_hz: float = 10.0, name: str | None = None
+    argv: list[str],
+    runs_root: Path,
+    sample_hz: float = 10.0,
+    name: str | None = None,
+    stdout_to_stderr: bool = False,
 ) -> CommandResult:
     """Run ``argv`` to completion under the GPU and host monitor, in a run record of kind
     ``command``. The child finds the run directory in ``$GPULENS_RUN_DIR`` (the tracking API
-    uses it). Ctrl-C and SIGTERM are passed on to the child; the record ends ``killed``."""
+    uses it). Ctrl-C and SIGTERM are passed on to the child; the record ends ``killed``.
+    ``stdout_to_stderr`` keeps the command's output off stdout (for ``--json``)."""
     if not argv:
         raise UsageError("no command given: gpulens run -- python train.py ...")
     gpus = describe_gpus()
@@ -50,7 +55,7 @@ def run_command(
     )
     env = dict(os.environ, **{RUN_DIR_ENV: str(writer.dir)})
     try:
-        child = subprocess.Popen(argv, env=env)
+        child = subprocess.Popen(argv, env=env, stdout=2 if stdout_to_stderr else None)
     except (FileNotFoundError, PermissionError, OSError) as exc:
         reason = "command not found" if isinstance(exc, FileNotFoundError) else str(exc)
         message = f"could not start '{argv[0]}': {reason}; check the command name and your PATH"

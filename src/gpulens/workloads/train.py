@@ -38,6 +38,7 @@ DEFAULT_STEPS = 100
 # With --until-ci and no budget, stop after this long whatever the interval.
 DEFAULT_UNTIL_CI_BUDGET_S = 600.0
 SYNTHETIC_POOL_BATCHES = 4
+LOADER_PREFETCH = 2  # batches each data-loader worker prepares ahead (PyTorch's default)
 
 
 @dataclass
@@ -178,9 +179,14 @@ def _resolve(config: TrainConfig, spec: WorkloadSpec, device: torch.device) -> d
     else:
         steps = config.steps if config.steps or config.duration_s else DEFAULT_STEPS
         duration = config.duration_s
+    workers = config.workers if config.workers is not None else _default_workers(config.data)
     warmup = config.warmup_steps
     if warmup is None:
         warmup = min(10, max(2, (steps or 50) // 10))
+        if config.data != "synthetic":
+            # The loader's queue starts full (workers x prefetch batches) and would hide a data
+            # bottleneck from the first measured steps: drain it during warm-up.
+            warmup = max(warmup, 2 * max(workers, 1) * LOADER_PREFETCH)
     channels_last = config.channels_last
     if channels_last is None:
         channels_last = device.type == "cuda" and spec.task == "image_classification"
@@ -193,7 +199,7 @@ def _resolve(config: TrainConfig, spec: WorkloadSpec, device: torch.device) -> d
         "warmup_steps": warmup,
         "device": str(device),
         "precision": config.precision,
-        "workers": config.workers if config.workers is not None else _default_workers(config.data),
+        "workers": workers,
         "data": config.data,
         "until_ci_pct": config.until_ci_pct,
         "sample_hz": config.sample_hz,
@@ -290,8 +296,7 @@ def _train(
             drop_last=True,
             num_workers=workers,
             pin_memory=cuda,
-            persistent_workers=workers > 0,
-            prefetch_factor=4 if workers > 0 else None,
+            prefetch_factor=LOADER_PREFETCH if workers > 0 else None,
         )
         batches = iter(loader)
         eff["dataset"] = describe_dataset(eff["data"])

@@ -1,0 +1,345 @@
+"""Datasets for the built-in workloads: in-memory synthetic tensors and real files on disk.
+
+- :class:`SyntheticImages` / :class:`SyntheticTokens`: random tensors, fixed per index
+  (``--data synthetic``); no I/O and almost no CPU.
+- :func:`image_folder_dataset`: an ImageFolder tree (``ROOT/<class>/*.jpg``) through the usual
+  ImageNet training pipeline (PIL decode, RandomResizedCrop, flip, ToTensor, Normalize).
+- :class:`TokenFileDataset`: a flat binary file of token ids (nanoGPT's ``train.bin``) with a JSON
+  sidecar, memory-mapped.
+
+:func:`build_dataset` picks one for a :class:`~gpulens.workloads.models.WorkloadSpec`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from gpulens.errors import UsageError
+from gpulens.workloads.models import WorkloadSpec
+
+logger = logging.getLogger(__name__)
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+TOKENS_BIN = "tokens.bin"
+TOKENS_JSON = "tokens.json"
+_SPLIT_NAMES = {"train", "val", "validation", "test"}
+
+
+def _make_images_hint(path: Path | str) -> str:
+    return f"make some with `gpulens data make images --out {path} --n 1000`"
+
+
+def _make_tokens_hint(path: Path | str) -> str:
+    return f"make some with `gpulens data make tokens --out {path} --n-tokens 10000000`"
+
+
+# ---------------------------------------------------------------------------------------------
+# Synthetic
+# ---------------------------------------------------------------------------------------------
+
+
+def _generator(seed: int, index: int) -> torch.Generator:
+    # Distinct, reproducible stream per (seed, index), independent of access order and workers.
+    return torch.Generator().manual_seed((seed * 1_000_003 + index) & 0x7FFF_FFFF_FFFF_FFFF)
+
+
+class SyntheticImages(Dataset):
+    """``n`` random images ``float32 input_shape`` with int64 labels, the same for each index."""
+
+    def __init__(self, n: int, input_shape: tuple[int, ...], num_classes: int, seed: int = 0):
+        if n <= 0:
+            raise UsageError(f"synthetic dataset size must be positive, got {n}")
+        self.n = n
+        self.input_shape = tuple(input_shape)
+        self.num_classes = num_classes
+        self.seed = seed
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if not 0 <= index < self.n:
+            raise IndexError(index)
+        g = _generator(self.seed, index)
+        x = torch.randn(self.input_shape, generator=g)
+        y = torch.randint(self.num_classes, (), generator=g)
+        return x, y
+
+
+class SyntheticTokens(Dataset):
+    """``n`` random ``(input, target)`` int64 ``(seq_len,)`` pairs, target shifted by one."""
+
+    def __init__(self, n: int, seq_len: int, vocab_size: int, seed: int = 0):
+        if n <= 0:
+            raise UsageError(f"synthetic dataset size must be positive, got {n}")
+        self.n = n
+        self.seq_len = seq_len
+        self.vocab_size = vocab_size
+        self.seed = seed
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if not 0 <= index < self.n:
+            raise IndexError(index)
+        tokens = torch.randint(
+            self.vocab_size, (self.seq_len + 1,), generator=_generator(self.seed, index)
+        )
+        return tokens[:-1], tokens[1:]
+
+
+# ---------------------------------------------------------------------------------------------
+# Images on disk
+# ---------------------------------------------------------------------------------------------
+
+
+def _is_image(name: str) -> bool:
+    return name.lower().endswith(IMAGE_EXTENSIONS)
+
+
+def _subdirs(path: Path) -> list[Path]:
+    return sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def _has_images_below(path: Path) -> bool:
+    return any(any(_is_image(f) for f in files) for _, _, files in os.walk(path))
+
+
+def _resolve_image_root(path: str | os.PathLike, train: bool) -> Path:
+    """The ImageFolder root for ``path``, or a :class:`UsageError` naming the fix."""
+    root = Path(path).expanduser()
+    if not root.exists():
+        raise UsageError(f"data path {root} does not exist: {_make_images_hint(root)}")
+    if not root.is_dir():
+        raise UsageError(
+            f"data path {root} is a file, not a folder of class subfolders: pass the folder"
+        )
+    subdirs = _subdirs(root)
+    # An ImageNet-style root holding train/ and val/ splits: descend into the right one.
+    names = {d.name for d in subdirs}
+    if subdirs and names <= _SPLIT_NAMES:
+        wanted = ["train"] if train else ["val", "validation", "test"]
+        split = next((root / n for n in wanted if n in names), None)
+        if split is None:
+            raise UsageError(
+                f"{root} holds splits {sorted(names)} but no {wanted[0]!r}: pass a split folder"
+            )
+        logger.info("using split %s of %s", split.name, root)
+        root, subdirs = split, _subdirs(split)
+    if not any(_has_images_below(d) for d in subdirs):
+        flat = any(_is_image(p.name) for p in root.iterdir() if p.is_file())
+        if flat:
+            raise UsageError(
+                f"{root} holds images but no class subfolders: move them into "
+                f"{root}/<class>/ (ImageFolder layout), e.g. {root}/class_000/"
+            )
+        raise UsageError(f"{root} holds no images: {_make_images_hint(root)}")
+    return root
+
+
+def image_transform(image_size: int | tuple[int, int], train: bool = True):
+    """The ImageNet pipeline: RandomResizedCrop + flip (train) or Resize + CenterCrop (eval)."""
+    from torchvision import transforms as T
+
+    size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+    if train:
+        geometry = [T.RandomResizedCrop(size), T.RandomHorizontalFlip()]
+    else:
+        geometry = [T.Resize(tuple(round(s * 256 / 224) for s in size)), T.CenterCrop(size)]
+    return T.Compose([*geometry, T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+
+
+def image_folder_dataset(
+    path: str | os.PathLike, image_size: int | tuple[int, int], train: bool = True
+) -> Dataset:
+    """A torchvision ImageFolder over ``path`` (``path/<class>/*.jpg``) yielding ``(3, H, W)``.
+
+    A root holding only ``train/``/``val/`` splits is accepted: the split matching ``train`` is
+    used.
+    """
+    from torchvision.datasets import ImageFolder
+
+    root = _resolve_image_root(path, train)
+    try:
+        ds = ImageFolder(str(root), transform=image_transform(image_size, train), allow_empty=True)
+    except (FileNotFoundError, OSError) as exc:
+        hint = _make_images_hint(root)
+        raise UsageError(f"cannot read images under {root} ({exc}): {hint}") from None
+    if len(ds) == 0:
+        raise UsageError(f"{root} holds no images: {_make_images_hint(root)}")
+    logger.debug("image folder %s: %d images, %d classes", root, len(ds), len(ds.classes))
+    return ds
+
+
+# ---------------------------------------------------------------------------------------------
+# Token file
+# ---------------------------------------------------------------------------------------------
+
+
+def _resolve_token_file(path: str | os.PathLike) -> tuple[Path, dict]:
+    """``(tokens.bin path, sidecar dict)`` for a file or a directory holding ``tokens.bin``."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise UsageError(f"token path {p} does not exist: {_make_tokens_hint(p)}")
+    if p.is_dir():
+        if not (p / TOKENS_BIN).is_file():
+            raise UsageError(f"{p} holds no {TOKENS_BIN}: {_make_tokens_hint(p)}")
+        p = p / TOKENS_BIN
+    meta: dict = {}
+    sidecar = p.with_suffix(".json")
+    if sidecar.is_file():
+        try:
+            meta = json.loads(sidecar.read_text())
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"cannot read {sidecar} ({exc}): fix or delete it") from None
+    else:
+        logger.info("no sidecar %s: assuming uint16 token ids", sidecar)
+    meta.setdefault("dtype", "uint16")
+    try:
+        np.dtype(meta["dtype"])
+    except TypeError:
+        bad = meta["dtype"]
+        raise UsageError(f"{sidecar} names an unknown dtype {bad!r}: use uint16") from None
+    return p, meta
+
+
+class TokenFileDataset(Dataset):
+    """Non-overlapping ``seq_len`` windows of a memory-mapped token file.
+
+    Item ``i`` is ``(tokens[i*L : i*L+L], tokens[i*L+1 : i*L+L+1])`` as int64. ``path`` is the
+    ``.bin`` file or a directory containing ``tokens.bin``; the sidecar ``<name>.json`` gives
+    ``dtype`` (default uint16) and ``vocab_size``.
+    """
+
+    def __init__(self, path: str | os.PathLike, seq_len: int):
+        if seq_len <= 0:
+            raise UsageError(f"sequence length must be positive, got {seq_len}")
+        self.path, meta = _resolve_token_file(path)
+        self.seq_len = seq_len
+        self.dtype = np.dtype(meta["dtype"])
+        self.vocab_size: int | None = meta.get("vocab_size")
+        self.n_tokens = self.path.stat().st_size // self.dtype.itemsize
+        if self.n_tokens < seq_len + 1:
+            raise UsageError(
+                f"{self.path} holds {self.n_tokens} tokens, fewer than one sample of "
+                f"{seq_len + 1}: {_make_tokens_hint(self.path.parent)}"
+            )
+        self._tokens: np.memmap | None = None
+
+    def __len__(self) -> int:
+        return (self.n_tokens - 1) // self.seq_len
+
+    def _mmap(self) -> np.memmap:
+        if self._tokens is None:  # opened lazily so each DataLoader worker maps its own
+            self._tokens = np.memmap(self.path, dtype=self.dtype, mode="r", shape=(self.n_tokens,))
+        return self._tokens
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_tokens"] = None
+        return state
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        start = index * self.seq_len
+        chunk = torch.from_numpy(self._mmap()[start : start + self.seq_len + 1].astype(np.int64))
+        return chunk[:-1], chunk[1:]
+
+
+# ---------------------------------------------------------------------------------------------
+# Choosing and describing
+# ---------------------------------------------------------------------------------------------
+
+
+def build_dataset(
+    spec: WorkloadSpec,
+    data: str,
+    n_synthetic: int,
+    image_size: int | tuple[int, int] | None = None,
+    *,
+    train: bool = True,
+    seed: int = 0,
+) -> Dataset:
+    """The dataset for ``spec``: synthetic when ``data == "synthetic"``, else files at ``data``.
+
+    Images are produced at ``image_size`` (default: the spec's input size, e.g. 64x64 for
+    tiny_cnn); token windows are ``spec.seq_len`` long.
+    """
+    if spec.is_language_model:
+        if data == "synthetic":
+            return SyntheticTokens(n_synthetic, spec.seq_len, spec.vocab_size, seed=seed)
+        ds = TokenFileDataset(data, spec.seq_len)
+        if ds.vocab_size is not None and ds.vocab_size > spec.vocab_size:
+            raise UsageError(
+                f"{ds.path} has vocab_size {ds.vocab_size} but {spec.name} has {spec.vocab_size}: "
+                f"make tokens with --vocab-size {spec.vocab_size} or pick a larger model"
+            )
+        return ds
+
+    size = image_size if image_size is not None else spec.image_size
+    if isinstance(size, int):
+        size = (size, size)
+    if data == "synthetic":
+        shape = (spec.input_shape[0], *size)
+        return SyntheticImages(n_synthetic, shape, spec.num_classes, seed=seed)
+    ds = image_folder_dataset(data, size, train=train)
+    if len(ds.classes) > spec.num_classes:
+        raise UsageError(
+            f"{data} has {len(ds.classes)} classes but {spec.name} predicts {spec.num_classes}: "
+            f"use a dataset with at most {spec.num_classes} class folders"
+        )
+    return ds
+
+
+def describe_dataset(path: str | os.PathLike) -> dict:
+    """What is at ``path``, for a run's effective config.
+
+    Keys: ``path``, ``kind`` ("synthetic", "image_folder", "token_file" or "unknown"),
+    ``n_files``, ``total_bytes``, plus ``n_classes`` for images and ``n_tokens``/``vocab_size``
+    for tokens.
+    """
+    if str(path) == "synthetic":
+        return {"path": None, "kind": "synthetic", "n_files": 0, "total_bytes": 0}
+    p = Path(path).expanduser().resolve()
+    if not p.exists():
+        raise UsageError(f"data path {p} does not exist: pass an existing folder or `synthetic`")
+    if (p.is_file() and p.suffix == ".bin") or (p.is_dir() and (p / TOKENS_BIN).is_file()):
+        bin_path, meta = _resolve_token_file(p)
+        size_bytes = bin_path.stat().st_size
+        return {
+            "path": str(bin_path),
+            "kind": "token_file",
+            "n_files": 1,
+            "total_bytes": size_bytes,
+            "n_tokens": size_bytes // np.dtype(meta["dtype"]).itemsize,
+            "vocab_size": meta.get("vocab_size"),
+            "dtype": meta["dtype"],
+        }
+    n_files = total_bytes = 0
+    classes = set()
+    if p.is_dir():
+        for dirpath, _, files in os.walk(p):
+            images = [f for f in files if _is_image(f)]
+            if images:
+                classes.add(os.path.relpath(dirpath, p).split(os.sep)[0])
+            for f in images:
+                n_files += 1
+                total_bytes += os.stat(os.path.join(dirpath, f)).st_size
+    classes.discard(".")
+    kind = "image_folder" if n_files else "unknown"
+    info = {"path": str(p), "kind": kind, "n_files": n_files, "total_bytes": total_bytes}
+    if n_files:
+        info["n_classes"] = len(classes)
+        info["mean_file_bytes"] = total_bytes // n_files
+    return info
