@@ -12,10 +12,11 @@ step() { echo "=== $* ($(date +%T))" >&2; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw,power.limit --format=csv
 step doctor;   gl doctor --json > "$OUT/doctor.json"; gl doctor
 step demo;     gl demo --no-store --json > "$OUT/demo.json"; echo "rc=$?"
-step data;     gl data make images --out /tmp/img --n "${N_IMAGES:-10000}" --json > "$OUT/data_make.json"; echo "rc=$?"
-step resnet50; gl run resnet50 --precision bf16 --data /tmp/img --workers 15 --steps 100 \
+step data;     gl data make images --out /tmp/img --n "${N_IMAGES:-20000}" --json > "$OUT/data_make.json"; echo "rc=$?"
+step resnet50; gl run resnet50 --precision bf16 --data /tmp/img --workers 15 --steps 200 \
                   --no-store --json > "$OUT/resnet50_bf16_jpeg.json"; echo "rc=$?"
+step command;  gl run --no-store --json -- python3 examples/train_tracked.py > "$OUT/command_tracked.json"; echo "rc=$?"
 step records;  tar czf "$OUT/records.tgz" -C "$GPULENS_HOME" runs
-step overhead; python3 benchmarks/overhead.py --rounds 3 --steps-r50 120 --steps-r18 600 \
+step overhead; python3 benchmarks/overhead.py --mode interleaved --rounds 8 \
                   --out "$OUT/overhead.json"; echo "rc=$?"
 step done

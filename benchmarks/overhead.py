@@ -1,10 +1,18 @@
 """Monitor overhead: throughput with gpulens vs without, and vs the PyTorch profiler.
 
 Target (issue 2): at most 1% throughput loss for resnet50 in bf16 and for a launch-bound small
-case (resnet18 at batch 8). The three modes run interleaved for several rounds so that clock and
-thermal drift hit all of them alike; the loss carries a 95% CI over the rounds.
+case (resnet18 at batch 8).
 
-    python benchmarks/overhead.py [--rounds 3] [--steps-r50 150] [--steps-r18 1500] [--out FILE]
+Two designs:
+- ``--mode interleaved`` (default): one process, one model; short timed blocks of steps alternate
+  plain / with gpulens's instrumentation (its step timer with CUDA events, and its sampler process
+  at 10 Hz on the GPU and host) / under the PyTorch profiler, in ABC-CBA order. Pairs of adjacent
+  blocks share clocks, caches and the model, so the per-pair loss is precise.
+- ``--mode endtoend``: whole ``gpulens run`` trainings (run_training) against a plain loop with
+  the same model and settings, a new model per trial: includes everything, but trial-to-trial
+  noise of a launch-bound loop is several percent.
+
+    python benchmarks/overhead.py [--mode interleaved|endtoend] [--rounds N] [--out FILE]
 """
 
 from __future__ import annotations
@@ -23,7 +31,13 @@ import torch
 
 from gpulens.stats import t95
 from gpulens.workloads.models import get_workload
-from gpulens.workloads.train import TrainConfig, _autocast, _optimizer, _synthetic_batches, run_training
+from gpulens.workloads.train import (
+    TrainConfig,
+    _autocast,
+    _optimizer,
+    _synthetic_batches,
+    run_training,
+)
 
 CASES = {
     "resnet50_bf16_b256": dict(workload="resnet50", batch_size=256, precision="bf16"),
@@ -67,6 +81,86 @@ def plain_loop(case: dict, steps: int, warmup: int, profiler: bool = False) -> f
     return steps * case["batch_size"] / elapsed
 
 
+def interleaved(case: dict, blocks: int, steps_per_block: int, warmup: int, tmp: Path) -> dict:
+    """Alternate plain / gpulens / profiler blocks on one model; samples/s per block."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from gpulens.probes.monitor import Monitor, ProbeSpec
+    from gpulens.probes.steps import STEPS_SCHEMA, StepTimer
+    from gpulens.record.writer import RunWriter
+
+    spec = get_workload(case["workload"])
+    device = torch.device("cuda:0")
+    batch = case["batch_size"]
+    model = spec.build().to(device).to(memory_format=torch.channels_last)
+    model.train()
+    opt = _optimizer(spec, model)
+    batches = _synthetic_batches(spec, batch, device, 0, torch.channels_last)
+
+    def step_fn(x, y):
+        with _autocast(device, case["precision"]):
+            loss = spec.loss(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for _ in range(warmup):
+        step_fn(*next(batches))
+    torch.cuda.synchronize()
+
+    def plain_block() -> float:
+        t0 = time.perf_counter()
+        for _ in range(steps_per_block):
+            step_fn(*next(batches))
+        torch.cuda.synchronize()
+        return steps_per_block * batch / (time.perf_counter() - t0)
+
+    def gpulens_block() -> tuple[float, dict]:
+        writer = RunWriter(tmp, kind="overhead")
+        probes = [ProbeSpec("gpu", {"indices": [0]}), ProbeSpec("host", {"root_pid": os.getpid()})]
+        monitor = Monitor(writer, probes, hz=10.0).start()
+        timer = StepTimer(writer.series("steps", STEPS_SCHEMA), cuda=True, warmup_steps=0)
+        t0 = time.perf_counter()
+        for _ in range(steps_per_block):
+            timer.begin_step()
+            x, y = next(batches)
+            timer.batch_ready()
+            timer.copy_done()
+            step_fn(x, y)
+            timer.end_step(samples=batch)
+        torch.cuda.synchronize()
+        rate = steps_per_block * batch / (time.perf_counter() - t0)
+        timer.finish()
+        info = monitor.stop().as_dict()
+        writer.finish()
+        return rate, info
+
+    def profiler_block() -> float:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]):
+            rate = plain_block()
+        return rate
+
+    out = {"plain": [], "gpulens": [], "profiler": [], "monitor": []}
+    for b in range(blocks):
+        order = ["plain", "gpulens", "profiler"]
+        for mode in order if b % 2 == 0 else order[::-1]:
+            if mode == "plain":
+                out["plain"].append(plain_block())
+            elif mode == "gpulens":
+                rate, info = gpulens_block()
+                out["gpulens"].append(rate)
+                out["monitor"].append(info)
+            else:
+                out["profiler"].append(profiler_block())
+        print(
+            f"{case['workload']} b{batch} block {b}: plain {out['plain'][-1]:.1f}  "
+            f"gpulens {out['gpulens'][-1]:.1f}  profiler {out['profiler'][-1]:.1f} samples/s",
+            file=sys.stderr,
+            flush=True,
+        )
+    return out
+
+
 def gpulens_loop(case: dict, steps: int, warmup: int, runs_root: Path) -> tuple[float, dict]:
     config = TrainConfig(
         steps=steps, warmup_steps=warmup, device="cuda:0", count_flops=False, **case
@@ -83,7 +177,7 @@ def gpulens_loop(case: dict, steps: int, warmup: int, runs_root: Path) -> tuple[
 
 def loss_pct(base: list[float], other: list[float]) -> dict:
     """Throughput loss per round (paired), its mean and 95% CI half-width."""
-    losses = [100.0 * (b - o) / b for b, o in zip(base, other)]
+    losses = [100.0 * (b - o) / b for b, o in zip(base, other, strict=True)]
     mean = statistics.fmean(losses)
     half = (
         t95(len(losses) - 1) * statistics.stdev(losses) / len(losses) ** 0.5
@@ -95,7 +189,9 @@ def loss_pct(base: list[float], other: list[float]) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--mode", choices=["interleaved", "endtoend"], default="interleaved")
+    ap.add_argument("--rounds", type=int, default=8, help="blocks (interleaved) or trials")
+    ap.add_argument("--block-s", type=float, default=2.5, help="target seconds per block")
     ap.add_argument("--steps-r50", type=int, default=150)
     ap.add_argument("--steps-r18", type=int, default=1500)
     ap.add_argument("--warmup", type=int, default=20)
@@ -107,8 +203,24 @@ def main() -> int:
     gpu = torch.cuda.get_device_name(0)
     steps = {"resnet50_bf16_b256": args.steps_r50, "resnet18_fp32_b8": args.steps_r18}
     results = {}
+    # steps per block from a rough rate, so that each block lasts about --block-s
+    rough_steps_per_s = {"resnet50_bf16_b256": 15.0, "resnet18_fp32_b8": 80.0}
     with tempfile.TemporaryDirectory() as tmp:
         for name, case in CASES.items():
+            if args.mode == "interleaved":
+                n = max(10, int(args.block_s * rough_steps_per_s[name]))
+                r = interleaved(case, args.rounds, n, args.warmup, Path(tmp))
+                results[name] = {
+                    "case": case,
+                    "steps_per_block": n,
+                    "plain_samples_per_s": r["plain"],
+                    "gpulens_samples_per_s": r["gpulens"],
+                    "profiler_samples_per_s": r["profiler"],
+                    "gpulens_loss": loss_pct(r["plain"], r["gpulens"]),
+                    "profiler_loss": loss_pct(r["plain"], r["profiler"]),
+                    "gpulens_self_reported": r["monitor"],
+                }
+                continue
             base, lens, prof, extra = [], [], [], []
             for r in range(args.rounds):
                 base.append(plain_loop(case, steps[name], args.warmup))
@@ -134,6 +246,7 @@ def main() -> int:
             }
     doc = {
         "benchmark": "overhead",
+        "mode": args.mode,
         "date": date.today().isoformat(),
         "gpu": gpu,
         "torch": torch.__version__,
@@ -143,7 +256,7 @@ def main() -> int:
     }
     out = args.out or Path(
         os.environ.get("OUT", "benchmarks/results"),
-        f"overhead-{gpu.replace(' ', '_')}-{date.today().isoformat()}.json",
+        f"overhead-{args.mode}-{gpu.replace(' ', '_')}-{date.today().isoformat()}.json",
     )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1))
