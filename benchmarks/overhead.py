@@ -81,7 +81,18 @@ def plain_loop(case: dict, steps: int, warmup: int, profiler: bool = False) -> f
     return steps * case["batch_size"] / elapsed
 
 
-def interleaved(case: dict, blocks: int, steps_per_block: int, warmup: int, tmp: Path) -> dict:
+_HOST = ("host", {"root_pid": os.getpid()})
+# What the instrumented blocks run besides the step timer. "gpulens" is what `gpulens run` uses.
+VARIANTS = {
+    "gpulens": [("gpu", {"indices": [0]}), _HOST],
+    "host_only": [_HOST],
+    "energy_1hz": [("gpu", {"indices": [0], "energy_every_n": 10}), _HOST],
+}
+
+
+def interleaved(
+    case: dict, blocks: int, steps_per_block: int, warmup: int, tmp: Path, variants: list[str]
+) -> dict:
     """Alternate plain / gpulens / profiler blocks on one model; samples/s per block."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -115,9 +126,9 @@ def interleaved(case: dict, blocks: int, steps_per_block: int, warmup: int, tmp:
         torch.cuda.synchronize()
         return steps_per_block * batch / (time.perf_counter() - t0)
 
-    def gpulens_block() -> tuple[float, dict]:
+    def gpulens_block(variant: str) -> tuple[float, dict]:
         writer = RunWriter(tmp, kind="overhead")
-        probes = [ProbeSpec("gpu", {"indices": [0]}), ProbeSpec("host", {"root_pid": os.getpid()})]
+        probes = [ProbeSpec(kind, opts) for kind, opts in VARIANTS[variant]]
         monitor = Monitor(writer, probes, hz=10.0).start()
         timer = StepTimer(writer.series("steps", STEPS_SCHEMA), cuda=True, warmup_steps=0)
         instrument_s = 0.0  # host time inside gpulens's per-step calls: a noise-free bound
@@ -151,23 +162,23 @@ def interleaved(case: dict, blocks: int, steps_per_block: int, warmup: int, tmp:
             rate = plain_block()
         return rate
 
-    out = {"plain": [], "gpulens": [], "profiler": [], "monitor": []}
+    order = ["plain", *variants, "profiler"]
+    out: dict[str, list] = {m: [] for m in order}
+    out["monitor"] = []
     for b in range(blocks):
-        order = ["plain", "gpulens", "profiler"]
         for mode in order if b % 2 == 0 else order[::-1]:
             if mode == "plain":
                 out["plain"].append(plain_block())
-            elif mode == "gpulens":
-                rate, info = gpulens_block()
-                out["gpulens"].append(rate)
-                out["monitor"].append(info)
-            else:
+            elif mode == "profiler":
                 out["profiler"].append(profiler_block())
+            else:
+                rate, info = gpulens_block(mode)
+                out[mode].append(rate)
+                if mode == "gpulens":
+                    out["monitor"].append(info)
+        rates = "  ".join(f"{m} {out[m][-1]:.1f}" for m in order)
         print(
-            f"{case['workload']} b{batch} block {b}: plain {out['plain'][-1]:.1f}  "
-            f"gpulens {out['gpulens'][-1]:.1f}  profiler {out['profiler'][-1]:.1f} samples/s",
-            file=sys.stderr,
-            flush=True,
+            f"{case['workload']} b{batch} block {b}: {rates} samples/s", file=sys.stderr, flush=True
         )
     return out
 
@@ -207,6 +218,9 @@ def main() -> int:
     ap.add_argument("--steps-r18", type=int, default=1500)
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument(
+        "--variants", default="gpulens", help=f"instrumented variants, from {', '.join(VARIANTS)}"
+    )
     ap.add_argument("--cases", default=",".join(CASES), help="comma-separated subset of cases")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -223,7 +237,9 @@ def main() -> int:
                 continue
             if args.mode == "interleaved":
                 n = max(10, int(args.block_s * rough_steps_per_s[name]))
-                r = interleaved(case, args.rounds, n, args.warmup, Path(tmp))
+                r = interleaved(
+                    case, args.rounds, n, args.warmup, Path(tmp), args.variants.split(",")
+                )
                 results[name] = {
                     "case": case,
                     "steps_per_block": n,
@@ -233,6 +249,10 @@ def main() -> int:
                     "gpulens_loss": loss_pct(r["plain"], r["gpulens"]),
                     "profiler_loss": loss_pct(r["plain"], r["profiler"]),
                     "gpulens_self_reported": r["monitor"],
+                    "variants": {
+                        v: {"samples_per_s": r[v], "loss": loss_pct(r["plain"], r[v])}
+                        for v in args.variants.split(",")
+                    },
                 }
                 continue
             base, lens, prof, extra = [], [], [], []

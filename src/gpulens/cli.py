@@ -41,7 +41,9 @@ def _global(
 ) -> None:
     _state["debug"] = debug
     level = logging.DEBUG if debug else logging.INFO if verbose else logging.WARNING
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
 
 
 def _emit_json(doc: Any) -> None:
@@ -296,8 +298,12 @@ def workloads(json_out: bool = typer.Option(False, "--json", help="Print one JSO
     if json_out:
         _emit_json(
             [
-                {"name": w.name, "task": w.task, "default_batch_size": w.default_batch_size,
-                 "input_shape": list(w.input_shape)}  # fmt: skip
+                {
+                    "name": w.name,
+                    "task": w.task,
+                    "default_batch_size": w.default_batch_size,
+                    "input_shape": list(w.input_shape),
+                }  # fmt: skip
                 for w in specs
             ]
         )

@@ -104,4 +104,3 @@ def run_command(
         status, error = "finished", None
     writer.finish(status, error=error)
     return CommandResult(writer.run_id, writer.dir, returncode, status, summary)
-

@@ -12,6 +12,7 @@ import psutil
 
 from gpulens.paths import default_tracking_uri, gpulens_home
 
+
 @dataclass
 class Check:
     name: str

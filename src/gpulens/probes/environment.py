@@ -71,7 +71,9 @@ def capture_environment(gpus: list[dict[str, Any]] | None = None) -> dict[str, A
 
         env["torch"] = torch.__version__
         env["cuda_runtime"] = torch.version.cuda
-        env["cudnn"] = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+        env["cudnn"] = (
+            torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+        )
     except ImportError:
         env["torch"] = None
     gpus = gpus or []

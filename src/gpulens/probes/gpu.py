@@ -189,6 +189,7 @@ class NvmlGpuProbe:
         gpm_probe_window_s: float = 0.12,
         gpm_zero_window_s: float = 0.5,
         pcie_throughput_fallback: bool = True,
+        energy_every_n: int = 1,
     ):
         """Open handles and probe each metric once; ``nvml`` is an initialised pynvml module.
 
@@ -196,7 +197,8 @@ class NvmlGpuProbe:
         ``gpm_min_interval_s``: shorter GPM windows are not computed (NVML asks for about
         100 ms); ``gpm_zero_window_s``: all-zero GPM windows shorter than this count as stale.
         ``pcie_throughput_fallback``: use nvmlDeviceGetPcieThroughput (about 20 ms per call)
-        where neither GPM nor PCIe byte counters exist.
+        where neither GPM nor PCIe byte counters exist. ``energy_every_n``: read the energy
+        counter (a slow call) only every n-th sample; the rows between hold null for it.
         """
         self._nvml = nvml
         self._monotonic = monotonic
@@ -204,6 +206,7 @@ class NvmlGpuProbe:
         self._gpm_min_interval_s = gpm_min_interval_s
         self._gpm_zero_window_s = gpm_zero_window_s
         self._pcie_throughput_fallback = pcie_throughput_fallback
+        self._energy_every_n = max(1, int(energy_every_n))
         self._lock = threading.Lock()
         self._closed = False
         self._gpus: list[_Gpu] = []
@@ -569,7 +572,7 @@ class NvmlGpuProbe:
         if "throttle_reasons" in on and gpu.throttle_fn:
             reasons = self._call(gpu, gpu.throttle_fn, h)
             row["throttle_reasons"] = None if reasons is _FAILED else int(reasons)
-        if "energy_j" in on:
+        if "energy_j" in on and self.sample_count % self._energy_every_n == 0:
             self._sample_energy(gpu, row)
         if "power_w" in on and gpu.power_field is None:
             power_mw = self._call(gpu, "nvmlDeviceGetPowerUsage", h)

@@ -40,7 +40,8 @@ def build_probe(spec: ProbeSpec) -> Probe:
     if spec.kind == "gpu":
         from gpulens.probes.gpu import open_gpu_probe
 
-        return open_gpu_probe(spec.options.get("indices"))
+        options = {k: v for k, v in spec.options.items() if k != "indices"}
+        return open_gpu_probe(spec.options.get("indices"), **options)
     if spec.kind == "host":
         from gpulens.probes.host import HostProbe
 

@@ -60,6 +60,9 @@ class StepTimer:
     _prev_begin: float | None = None
     _prev_gpu_start: Any = None
     _events: Any = None
+    _free_events: list = field(default_factory=list)
+    # Completed events are read back in batches: fewer driver calls on the training thread.
+    resolve_every: int = 4
 
     def begin_step(self) -> None:
         self._t_begin = time.perf_counter()
@@ -71,10 +74,16 @@ class StepTimer:
     def batch_ready(self) -> None:
         self._t_ready = time.perf_counter()
         if self.cuda:
-            import torch
-
-            self._events = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+            self._events = [self._event(), self._event(), self._event()]
             self._events[0].record()
+
+    def _event(self):
+        """A timing event, reused once read back: creating one is a driver call."""
+        if self._free_events:
+            return self._free_events.pop()
+        import torch
+
+        return torch.cuda.Event(enable_timing=True)
 
     def copy_done(self) -> None:
         self._t_copied = time.perf_counter()
@@ -102,8 +111,11 @@ class StepTimer:
             row["compute_s"] = t_end - self._t_copied
         self.rows.append(row)
         self._step += 1
-        self._resolve(block=False)
-        self._emit_complete()
+        if not self.cuda:
+            self._emit_complete()
+        elif len(self._pending) >= self.resolve_every:
+            self._resolve(block=False)
+            self._emit_complete()
 
     def _resolve(self, block: bool) -> None:
         while self._pending:
@@ -117,7 +129,9 @@ class StepTimer:
             if self._prev_gpu_start is not None:
                 prev_row, prev_start = self._prev_gpu_start
                 prev_row["gpu_step_time_s"] = prev_start.elapsed_time(p.start) / 1000.0
+                self._free_events.append(prev_start)
             self._prev_gpu_start = (p.row, p.start)
+            self._free_events.extend((p.copied, p.done))
             self._pending.popleft()
 
     _emitted: int = 0

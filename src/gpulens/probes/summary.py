@@ -43,8 +43,12 @@ def summarize_gpu(
         "sm_occupancy_pct": _mean(window.get("sm_occupancy_pct", pd.Series(dtype=float))),
         "tensor_activity_pct": _mean(window.get("tensor_activity_pct", pd.Series(dtype=float))),
         "dram_bw_util_pct": _mean(window.get("dram_bw_util_pct", pd.Series(dtype=float))),
-        "pcie_rx_mean_bytes_per_s": _mean(window.get("pcie_rx_bytes_per_s", pd.Series(dtype=float))),
-        "pcie_tx_mean_bytes_per_s": _mean(window.get("pcie_tx_bytes_per_s", pd.Series(dtype=float))),
+        "pcie_rx_mean_bytes_per_s": _mean(
+            window.get("pcie_rx_bytes_per_s", pd.Series(dtype=float))
+        ),
+        "pcie_tx_mean_bytes_per_s": _mean(
+            window.get("pcie_tx_bytes_per_s", pd.Series(dtype=float))
+        ),
     }
     throttle = window.get("throttle_reasons")
     if throttle is not None and throttle.notna().any():

@@ -46,11 +46,15 @@ def next_steps(summary: dict[str, Any]) -> list[str]:
         tips.append(f"the throughput is uncertain (±{ci:.1f}%): run longer or use --until-ci 2")
     if summary.get("device") == "cpu":
         tips.append("this ran on the CPU: `gpulens doctor` says what a GPU machine would add")
-    tips.append("compare runs with `gpulens runs compare RUN RUN`; list them with `gpulens runs list`")
+    tips.append(
+        "compare runs with `gpulens runs compare RUN RUN`; list them with `gpulens runs list`"
+    )
     return tips
 
 
-def render_train_summary(console: Console, run_id: str, record_dir, summary: dict[str, Any]) -> None:
+def render_train_summary(
+    console: Console, run_id: str, record_dir, summary: dict[str, Any]
+) -> None:
     """The summary ``gpulens run`` and ``gpulens demo`` print."""
     title = (
         f"{summary['workload']} on {summary['device']} · {summary['precision']} · "

@@ -80,7 +80,9 @@ class TrainConfig:
         if self.workers is not None and self.workers < 0:
             raise UsageError(f"--workers must be zero or more, got {self.workers}")
         if self.until_ci_pct is not None and not 0 < self.until_ci_pct < 100:
-            raise UsageError(f"--until-ci must be a percentage in (0, 100), got {self.until_ci_pct}")
+            raise UsageError(
+                f"--until-ci must be a percentage in (0, 100), got {self.until_ci_pct}"
+            )
         if self.sample_hz <= 0 or self.sample_hz > 1000:
             raise UsageError(f"--sample-hz must be in (0, 1000], got {self.sample_hz}")
         if self.data != "synthetic" and not Path(self.data).expanduser().exists():
@@ -125,13 +127,17 @@ def _synthetic_batches(
     pool = []
     for _ in range(SYNTHETIC_POOL_BATCHES):
         if spec.task == "language_model":
-            tokens = torch.randint(0, spec.vocab_size, (batch, spec.input_shape[0] + 1), generator=g)
+            tokens = torch.randint(
+                0, spec.vocab_size, (batch, spec.input_shape[0] + 1), generator=g
+            )
             pool.append((tokens[:, :-1].to(device), tokens[:, 1:].to(device)))
         else:
             x = torch.randn((batch, *spec.input_shape), generator=g)
             y = torch.randint(0, spec.num_classes, (batch,), generator=g)
             x = x.to(device)
-            pool.append((x.contiguous(memory_format=memory_format) if x.dim() == 4 else x, y.to(device)))
+            pool.append(
+                (x.contiguous(memory_format=memory_format) if x.dim() == 4 else x, y.to(device))
+            )
     return itertools.cycle(pool)
 
 
@@ -173,8 +179,9 @@ def _resolve(config: TrainConfig, spec: WorkloadSpec, device: torch.device) -> d
     if device.type == "cpu" and config.precision == "fp16":
         raise UsageError("fp16 training needs a GPU: use --precision bf16 or fp32 on the CPU")
     if config.until_ci_pct is not None:
-        steps, duration = config.steps, config.duration_s or (
-            None if config.steps else DEFAULT_UNTIL_CI_BUDGET_S
+        steps, duration = (
+            config.steps,
+            config.duration_s or (None if config.steps else DEFAULT_UNTIL_CI_BUDGET_S),
         )
     else:
         steps = config.steps if config.steps or config.duration_s else DEFAULT_STEPS
