@@ -1,7 +1,7 @@
 """A plain PyTorch training script with gpulens tracking added in two lines (marked ###).
 
-    python examples/train_tracked.py                 # makes its own gpulens run
-    gpulens run -- python examples/train_tracked.py  # steps go into gpulens's run
+python examples/train_tracked.py                 # makes its own gpulens run
+gpulens run -- python examples/train_tracked.py  # steps go into gpulens's run
 """
 
 import torch
@@ -17,7 +17,7 @@ model = model.to(device)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 
 with gpulens.track(name="tracked-example") as tracker:  ###
-    for epoch in range(3):
+    for _epoch in range(3):
         for x, y in tracker.data(loader):  ### times the wait for each batch
             x, y = x.to(device), y.to(device)
             loss = torch.nn.functional.cross_entropy(model(x), y)

@@ -155,12 +155,17 @@ def run(
         raise UsageError("give a workload (see `gpulens workloads`) or a command after --")
     known = {w.name for w in list_workloads()}
     is_command = "--" in sys.argv[1:] or len(target) > 1 or target[0] not in known
-    if is_command and len(target) == 1 and "--" not in sys.argv[1:]:
-        if shutil.which(target[0]) is None and not Path(target[0]).exists():
-            raise UsageError(
-                f"unknown workload '{target[0]}'; choose one of: {', '.join(sorted(known))} "
-                "(or give a command after --)"
-            )
+    if (
+        is_command
+        and len(target) == 1
+        and "--" not in sys.argv[1:]
+        and shutil.which(target[0]) is None
+        and not Path(target[0]).exists()
+    ):
+        raise UsageError(
+            f"unknown workload '{target[0]}'; choose one of: {', '.join(sorted(known))} "
+            "(or give a command after --)"
+        )
     if is_command:
         given = {
             "--batch-size": batch_size, "--steps": steps, "--duration": duration,
@@ -211,6 +216,7 @@ def _run_command(argv: list[str], sample_hz: float, name, store: bool, json_out:
                 "device": None,
                 "returncode": result.returncode,
                 "wall_s": s.get("wall_s"),
+                "measured_steps": s.get("measured_steps"),
                 "throughput_samples_per_s": s.get("throughput_samples_per_s"),
                 "throughput_ci95_pct": s.get("throughput_ci95_pct"),
                 "phases_s": s.get("phases_s"),

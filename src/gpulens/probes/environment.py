@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 
 
 def git_commit(cwd: Path | None = None) -> str | None:
-    """The commit of the user's code at ``cwd``, with ``-dirty`` if it has changes; None if not git."""
+    """The commit of the code at ``cwd`` (``-dirty`` if changed); None outside git."""
     if not shutil.which("git"):
         return None
     try:

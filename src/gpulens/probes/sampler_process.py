@@ -8,6 +8,7 @@ parent died), compacts its series and prints ``{"done": {"samples": n, "cpu_s": 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import threading
@@ -39,14 +40,10 @@ def main(argv: list[str] | None = None) -> int:
     for s in series.values():
         s.close(compact=True)
     for p in probes:
-        try:
+        with contextlib.suppress(Exception):  # closing must not lose the report below
             p.close()
-        except Exception:
-            pass
-    try:
+    with contextlib.suppress(BrokenPipeError):  # the parent may be gone
         print(json.dumps({"done": {"samples": samples, "cpu_s": cpu_s}}), flush=True)
-    except BrokenPipeError:
-        pass
     return 0
 
 

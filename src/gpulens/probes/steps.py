@@ -137,7 +137,7 @@ class StepTimer:
     _emitted: int = 0
 
     def _emit_complete(self) -> None:
-        """Write rows whose every field is known (their successor has begun and their GPU is done)."""
+        """Write the rows whose fields are all known (next step begun, GPU done)."""
         if self.series is None:
             return
         limit = len(self.rows) - 1 - len(self._pending)  # the last row waits for its step time

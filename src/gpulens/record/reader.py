@@ -47,7 +47,7 @@ _SERIES_SUFFIXES = (schema.PARQUET_SUFFIX, schema.STREAM_SUFFIX)
 
 
 def read_series_table(base: Path) -> pa.Table:
-    """Read ``base.parquet`` or, for a live or killed run, every complete batch of ``base.arrows``."""
+    """``base.parquet``, or for a live or killed run every complete batch of ``base.arrows``."""
     parquet = base.with_suffix(schema.PARQUET_SUFFIX)
     if parquet.exists():
         return pq.read_table(parquet)

@@ -60,7 +60,7 @@ class SeriesWriter:
         self.flush_interval_s = flush_interval_s
         self._rows: list[dict[str, Any]] = []
         self._lock = threading.Lock()
-        self._file = open(self.path, "wb")
+        self._file = open(self.path, "wb")  # noqa: SIM115 - stays open for the run's lifetime
         self._writer = pa.ipc.new_stream(self._file, arrow_schema)
         # An empty batch puts the schema on disk now, so a record killed before its first flush
         # still reads back with its columns.

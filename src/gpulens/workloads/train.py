@@ -345,7 +345,7 @@ def _train(
                 x = x.contiguous(memory_format=memory_format)
             timer.copy_done()
             if step == 0 and eff["count_flops"]:
-                flops_per_step = _count_flops(lambda: step_fn(x, y))
+                flops_per_step = _count_flops(lambda x=x, y=y: step_fn(x, y))
             else:
                 step_fn(x, y)
             timer.end_step(samples=batch)
