@@ -200,3 +200,43 @@ def test_doctor_json(capsys):
     assert {"nvml", "torch", "cpu", "ram", "home", "store", "mps"} <= checks.keys()
     for c in checks.values():
         assert c["ok"] or c["how_to_enable"], c  # every missing piece says how to enable it
+
+
+def test_cuda_out_of_memory_is_one_line_exit_1_and_a_failed_record(
+    capsys, gpulens_home, monkeypatch
+):
+    import torch
+
+    import gpulens.workloads.train as train
+
+    def oom(_fn):  # the allocator's error, raised where the first training step runs
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+    monkeypatch.setattr(train, "_count_flops", oom)
+    code, _, err = run_cli(
+        capsys, "run", "tiny_cnn", "--batch-size", "512", "--device", "cpu", "--no-store"
+    )
+    assert code == 1
+    assert "out of memory at batch size 512" in err and "--batch-size (try 256)" in err
+    assert "Traceback" not in err
+    (rec,) = list_records(gpulens_home / "runs")
+    assert rec.status == "failed" and "out of memory" in rec.meta["error"]
+
+
+def test_data_make_tokens_then_train_the_language_model_on_them(capsys, tmp_path):
+    tokens = tmp_path / "tok"
+    code, out, err = run_cli(
+        capsys, "data", "make", "tokens", "--out", str(tokens), "--n", "20000",
+        "--vocab-size", "8192", "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    assert json.loads(out)["n_tokens"] == 20000
+    code, out, err = run_cli(
+        capsys, "run", "gpt2_tiny", "--data", str(tokens), "--steps", "2", "--batch-size", "2",
+        "--warmup", "1", "--device", "cpu", "--workers", "0", "--no-store", "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    doc = json.loads(out)
+    rec = read_record(Path(doc["record_dir"]))
+    assert rec.meta["effective_config"]["dataset"]["kind"] == "token_file"
+    assert doc["measured_steps"] == 2

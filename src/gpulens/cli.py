@@ -325,6 +325,9 @@ def data_make(
     kind: str = typer.Argument(..., help="images or tokens"),
     out_dir: Path = typer.Option(..., "--out", help="Directory to create."),
     n: int = typer.Option(..., "--n", help="Number of images, or of tokens."),
+    vocab_size: int = typer.Option(
+        50257, "--vocab-size", help="Tokens only: vocabulary size (gpt2_tiny uses 8192)."
+    ),
     force: bool = typer.Option(False, "--force", help="Replace a non-empty --out."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON document."),
 ) -> None:
@@ -343,12 +346,13 @@ def data_make(
         if kind == "images":
             info = make_images(out_dir, n, force=force, progress=on_progress)
         else:
-            info = make_tokens(out_dir, n, force=force)
+            info = make_tokens(out_dir, n, vocab_size=vocab_size, force=force, progress=on_progress)
     if json_out:
         _emit_json(info)
     else:
+        count = info["n_tokens"] if kind == "tokens" else info["n"]
         out.print(
-            f"made {info['n']} {kind} in {info['path']} "
+            f"made {count:,} {kind} in {info['path']} "
             f"({info['total_bytes'] / 2**20:,.1f} MiB, {info['elapsed_s']:.1f} s)"
         )
 
