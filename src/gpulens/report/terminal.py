@@ -28,8 +28,8 @@ def next_steps(summary: dict[str, Any]) -> list[str]:
     wait = phases.get("data_wait") or 0
     if step and wait / step > 0.10:
         tips.append(
-            f"the loop waits for data {100 * wait / step:.0f}% of each step: try more --workers, "
-            "or see which part of loading is slow with `gpulens stalls`"
+            f"the loop waits for data {100 * wait / step:.0f}% of each step: try more --workers "
+            f"(this run had {summary.get('workers')}); decoding and augmenting JPEGs is CPU work"
         )
     gpu = summary.get("gpu") or {}
     util = gpu.get("gpu_util_pct")

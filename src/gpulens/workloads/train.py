@@ -439,6 +439,7 @@ def _summarize(
         "device": str(device),
         "precision": eff["precision"],
         "batch_size": batch,
+        "workers": eff["workers"] if eff["data"] != "synthetic" else 0,
         "measured_steps": len(rows),
         "warmup_steps": eff["warmup_steps"],
         "stop_reason": stop_reason,
