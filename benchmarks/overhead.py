@@ -45,8 +45,9 @@ CASES = {
 }
 
 
-def plain_loop(case: dict, steps: int, warmup: int, profiler: bool = False) -> float:
-    """The same training step as ``gpulens run`` with no gpulens at all; samples/s."""
+def training_step(case: dict):
+    """The training step ``gpulens run`` makes for ``case`` on synthetic on-device data:
+    returns ``(step_fn(x, y), batches)``."""
     spec = get_workload(case["workload"])
     device = torch.device("cuda:0")
     model = spec.build().to(device).to(memory_format=torch.channels_last)
@@ -54,13 +55,22 @@ def plain_loop(case: dict, steps: int, warmup: int, profiler: bool = False) -> f
     opt = _optimizer(spec, model)
     batches = _synthetic_batches(spec, case["batch_size"], device, 0, torch.channels_last)
 
-    def step():
-        x, y = next(batches)
+    def step_fn(x, y):
         with _autocast(device, case["precision"]):
             loss = spec.loss(model(x), y)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+
+    return step_fn, batches
+
+
+def plain_loop(case: dict, steps: int, warmup: int, profiler: bool = False) -> float:
+    """The same training step as ``gpulens run`` with no gpulens at all; samples/s."""
+    step_fn, batches = training_step(case)
+
+    def step():
+        step_fn(*next(batches))
 
     for _ in range(warmup):
         step()
@@ -100,21 +110,8 @@ def interleaved(
     from gpulens.probes.steps import STEPS_SCHEMA, StepTimer
     from gpulens.record.writer import RunWriter
 
-    spec = get_workload(case["workload"])
-    device = torch.device("cuda:0")
     batch = case["batch_size"]
-    model = spec.build().to(device).to(memory_format=torch.channels_last)
-    model.train()
-    opt = _optimizer(spec, model)
-    batches = _synthetic_batches(spec, batch, device, 0, torch.channels_last)
-
-    def step_fn(x, y):
-        with _autocast(device, case["precision"]):
-            loss = spec.loss(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
+    step_fn, batches = training_step(case)
     for _ in range(warmup):
         step_fn(*next(batches))
     torch.cuda.synchronize()

@@ -365,6 +365,6 @@ def test_token_errors_name_the_fix(tmp_path):
         TokenFileDataset(tmp_path / "short", 16)
     with pytest.raises(UsageError, match="--force"):
         datagen.make_tokens(tmp_path / "short", n_tokens=10, vocab_size=100)
-    with pytest.raises(UsageError, match="--n-tokens"):
+    with pytest.raises(UsageError, match="--n must be positive"):
         datagen.make_tokens(tmp_path / "zero", n_tokens=0)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "short"]

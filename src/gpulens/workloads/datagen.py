@@ -258,7 +258,7 @@ def make_tokens(
     "n_tokens", "vocab_size", "dtype", "total_bytes", "mean_file_bytes", "elapsed_s"}``.
     """
     if n_tokens <= 0:
-        raise UsageError(f"--n-tokens must be positive, got {n_tokens}")
+        raise UsageError(f"--n must be positive, got {n_tokens}")
     if not 2 <= vocab_size <= 2**32:
         raise UsageError(f"--vocab-size must be within 2..2**32, got {vocab_size}")
     dtype = np.dtype("<u2") if vocab_size <= 2**16 else np.dtype("<u4")

@@ -39,7 +39,7 @@ def _make_images_hint(path: Path | str) -> str:
 
 
 def _make_tokens_hint(path: Path | str) -> str:
-    return f"make some with `gpulens data make tokens --out {path} --n-tokens 10000000`"
+    return f"make some with `gpulens data make tokens --out {path} --n 10000000`"
 
 
 # ---------------------------------------------------------------------------------------------
