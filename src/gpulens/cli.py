@@ -144,6 +144,15 @@ def run(
         None, "--until-ci", help="Stop once the 95% CI half-width is below PCT percent."
     ),
     sample_hz: float = typer.Option(10.0, "--sample-hz", help="Monitor sampling rate."),
+    storage_latency_ms: float = typer.Option(
+        0.0, "--storage-latency-ms", help="Emulate slow storage: added latency per file read."
+    ),
+    storage_bandwidth_mbps: float = typer.Option(
+        None, "--storage-bandwidth-mbps", help="Emulate slow storage: MB/s per loader worker."
+    ),
+    prep_timing: bool = typer.Option(
+        False, "--prep-timing", help="Time read/decode/augment/collate in the loader workers."
+    ),
     name: str = typer.Option(None, "--name", help="A name for the run."),
     store: bool = typer.Option(True, "--store/--no-store", help="Log the run to MLflow."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
@@ -170,6 +179,7 @@ def run(
         given = {
             "--batch-size": batch_size, "--steps": steps, "--duration": duration,
             "--warmup": warmup, "--device": device, "--workers": workers, "--until-ci": until_ci,
+            "--storage-bandwidth-mbps": storage_bandwidth_mbps,
         }  # fmt: skip
         extra = [k for k, v in given.items() if v is not None]
         if extra or precision != "fp32" or data != "synthetic":
@@ -186,7 +196,11 @@ def run(
     config = TrainConfig(
         workload=target[0], batch_size=batch_size, steps=steps, duration_s=duration,
         warmup_steps=warmup, device=device, precision=precision, workers=workers, data=data,
-        until_ci_pct=until_ci, sample_hz=sample_hz, name=name,
+        until_ci_pct=until_ci, sample_hz=sample_hz, name=name, prep_timing=prep_timing,
+        storage_latency_s=storage_latency_ms / 1000.0,
+        storage_bandwidth_bytes_per_s=storage_bandwidth_mbps * 1e6
+        if storage_bandwidth_mbps
+        else None,
     )  # fmt: skip
     result = _train(config, json_out, store)
     if json_out:
@@ -239,6 +253,58 @@ class _CommandFailed(GpulensError):
             f"the command ended with exit code {result.returncode} (status {result.status}); "
             f"its record is {result.record_dir}"
         )
+
+
+# ------------------------------------------------------------------------------------ stalls
+@app.command(
+    help="Break a training job's time into compute, prep (CPU) stall and fetch (storage) stall "
+    "by differential runs: ingestion-free, page-cache-warm and cold. Every run is stored.\n\n"
+    "  gpulens stalls resnet50 --data ./images --workers 15 --precision bf16"
+)
+def stalls(
+    workload: str = typer.Argument(..., help="A built-in workload (see `gpulens workloads`)."),
+    data: str = typer.Option(..., "--data", help="On-disk dataset (gpulens data make ...)."),
+    gpus: int = typer.Option(1, "--gpus", help="GPUs for the interconnect/network part."),
+    workers: int = typer.Option(None, "--workers", help="Data-loader processes."),
+    batch_size: int = typer.Option(None, "--batch-size", "-b", help="Samples per step."),
+    device: str = typer.Option(None, "--device", help="cuda:N or cpu [cuda:0 if present]."),
+    precision: str = typer.Option("fp32", "--precision", help="fp32, bf16 or fp16."),
+    until_ci: float = typer.Option(3.0, "--until-ci", help="Target CI half-width, percent."),
+    max_duration: float = typer.Option(60.0, "--max-duration", help="Seconds per run at most."),
+    storage_latency_ms: float = typer.Option(
+        0.0, "--storage-latency-ms", help="Emulate slow storage: per-file latency for the cold run."
+    ),
+    storage_bandwidth_mbps: float = typer.Option(
+        None, "--storage-bandwidth-mbps", help="Emulate slow storage: MB/s per reader."
+    ),
+    store: bool = typer.Option(True, "--store/--no-store", help="Log the runs to MLflow."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
+) -> None:
+    from gpulens.experiments.stalls import StallsConfig, run_stalls
+    from gpulens.record.reader import read_record
+    from gpulens.report.terminal import render_stalls
+
+    config = StallsConfig(
+        workload=workload, data=data, gpus=gpus, batch_size=batch_size, workers=workers,
+        device=device, precision=precision, until_ci_pct=until_ci, max_duration_s=max_duration,
+        storage_latency_s=storage_latency_ms / 1000.0,
+        storage_bandwidth_bytes_per_s=storage_bandwidth_mbps * 1e6
+        if storage_bandwidth_mbps
+        else None,
+    )  # fmt: skip
+    with _progress(json_out) as progress:
+        task = progress.add_task("stalls", total=None)
+        result = run_stalls(
+            config, runs_dir(), progress=lambda msg: progress.update(task, description=msg)
+        )
+    for run_id in result.runs.values():
+        if run_id:
+            _store(read_record(runs_dir() / run_id).dir, store)
+    doc = result.as_dict()
+    if json_out:
+        _emit_json(doc)
+    else:
+        render_stalls(out, doc)
 
 
 # -------------------------------------------------------------------------------------- demo

@@ -140,3 +140,85 @@ def render_checks(console: Console, checks) -> None:
         detail = str(c.value) if c.ok or not c.how_to_enable else f"{c.value} — {c.how_to_enable}"
         table.add_row(c.name, mark, detail)
     console.print(table)
+
+
+_STALL_COLORS = {
+    "compute": "green",
+    "prep_stall": "yellow",
+    "fetch_stall": "red",
+    "interconnect_stall": "magenta",
+    "network_stall": "blue",
+}
+
+
+def render_stalls(console: Console, doc: dict[str, Any], width: int = 60) -> None:
+    """The stall breakdown: a stacked bar with 95% CIs, the runs, what-if and advice."""
+    shares = doc["breakdown_pct"]
+    cis = doc["breakdown_ci95_pp"]
+    bar = ""
+    for name, color in _STALL_COLORS.items():
+        value = shares.get(name)
+        if value:
+            bar += f"[{color}]" + "█" * max(1, round(width * value / 100)) + f"[/{color}]"
+    console.print(f"[bold]Where the time of {doc['workload']} on {doc['device']} goes[/bold]")
+    console.print(bar)
+    table = Table(box=None, show_header=True, pad_edge=False)
+    table.add_column("component")
+    table.add_column("share", justify="right")
+    table.add_column("95% CI", justify="right")
+    for name, color in _STALL_COLORS.items():
+        value = shares.get(name)
+        ci = cis.get(name)
+        table.add_row(
+            f"[{color}]■[/{color}] {name.replace('_', ' ')}",
+            "[dim]not measured[/dim]" if value is None else f"{value:.1f}%",
+            "" if ci is None else f"±{ci:.1f} pp",
+        )
+    console.print(table)
+    runs = Table(title="runs", title_justify="left", box=None, pad_edge=False)
+    runs.add_column("run")
+    runs.add_column("samples/s", justify="right")
+    runs.add_column("95% CI", justify="right")
+    runs.add_column("run id")
+    for kind, run_id in doc["runs"].items():
+        if run_id is None:
+            continue
+        tput = doc["throughput_samples_per_s"][kind]
+        ci = doc["throughput_ci95_pct"][kind]
+        runs.add_row(kind, _fmt(tput), "" if ci is None else f"±{ci:.1f}%", run_id)
+    console.print(runs)
+    est = doc.get("single_run_estimate_pct") or {}
+    if est.get("data_wait") is not None:
+        stages = est.get("prep_stages") or {}
+        stage_text = ", ".join(f"{k} {v:.0f}%" for k, v in stages.items() if v is not None)
+        console.print(
+            f"single run (cached): the loop waits for data {est['data_wait']:.1f}% of the time"
+            + (f"; prep time goes to {stage_text}" if stage_text else "")
+        )
+        if est.get("explanation"):
+            console.print(f"  {est['explanation']}")
+    wi = doc.get("what_if") or {}
+    if wi.get("workers"):
+        console.print(
+            "what if, workers → samples/s: "
+            + ", ".join(f"{k}: {v:,.0f}" for k, v in wi["workers"].items())
+        )
+    if wi.get("page_cache_pct"):
+        console.print(
+            "what if, % of dataset in page cache → samples/s: "
+            + ", ".join(f"{k}%: {v:,.0f}" for k, v in wi["page_cache_pct"].items())
+        )
+    if wi.get("storage"):
+        console.print(
+            "what if, storage → samples/s: "
+            + ", ".join(f"{k}: {v:,.0f}" for k, v in wi["storage"].items())
+        )
+    if doc.get("recommendations"):
+        console.print("[bold]Recommendations[/bold] (by predicted gain)")
+        for r in doc["recommendations"]:
+            console.print(
+                f"  • {r['action']}: {r['predicted_samples_per_s']:,.0f} samples/s "
+                f"({r['predicted_gain_pct']:+.0f}%)"
+            )
+    for note in doc.get("notes") or []:
+        console.print(f"[dim]note: {note}[/dim]")

@@ -7,7 +7,12 @@
 - :class:`TokenFileDataset`: a flat binary file of token ids (nanoGPT's ``train.bin``) with a JSON
   sidecar, memory-mapped.
 
-:func:`build_dataset` picks one for a :class:`~gpulens.workloads.models.WorkloadSpec`.
+:func:`build_dataset` picks one for a :class:`~gpulens.workloads.models.WorkloadSpec`. The on-disk
+datasets take a :class:`~gpulens.workloads.storage.StorageEmulation` (slow storage, for real) and
+a ``timing_dir`` (per-sample read/decode/augment timing, see
+:mod:`gpulens.workloads.prep_timing`); pass :func:`collate_with_timing` as the DataLoader's
+``collate_fn`` to time collation too. :func:`dataset_files` lists the files a dataset reads, for
+:mod:`gpulens.workloads.pagecache`.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +30,7 @@ from torch.utils.data import Dataset
 
 from gpulens.errors import UsageError
 from gpulens.workloads.models import WorkloadSpec
+from gpulens.workloads.storage import StorageEmulation, pad_read
 
 logger = logging.getLogger(__name__)
 
@@ -160,12 +168,18 @@ def image_transform(image_size: int | tuple[int, int], train: bool = True):
 
 
 def image_folder_dataset(
-    path: str | os.PathLike, image_size: int | tuple[int, int], train: bool = True
+    path: str | os.PathLike,
+    image_size: int | tuple[int, int],
+    train: bool = True,
+    *,
+    storage: StorageEmulation | None = None,
+    timing_dir: str | os.PathLike | None = None,
 ) -> Dataset:
     """A torchvision ImageFolder over ``path`` (``path/<class>/*.jpg``) yielding ``(3, H, W)``.
 
     A root holding only ``train/``/``val/`` splits is accepted: the split matching ``train`` is
-    used.
+    used. With an active ``storage`` emulation or a ``timing_dir`` the folder is wrapped in an
+    :class:`~gpulens.workloads.prep_timing.InstrumentedImageFolder` (same items and attributes).
     """
     from torchvision.datasets import ImageFolder
 
@@ -178,6 +192,10 @@ def image_folder_dataset(
     if len(ds) == 0:
         raise UsageError(f"{root} holds no images: {_make_images_hint(root)}")
     logger.debug("image folder %s: %d images, %d classes", root, len(ds), len(ds.classes))
+    if (storage is not None and storage.active) or timing_dir is not None:
+        from gpulens.workloads.prep_timing import InstrumentedImageFolder
+
+        return InstrumentedImageFolder(ds, storage=storage, timing_dir=timing_dir)
     return ds
 
 
@@ -219,9 +237,19 @@ class TokenFileDataset(Dataset):
     Item ``i`` is ``(tokens[i*L : i*L+L], tokens[i*L+1 : i*L+L+1])`` as int64. ``path`` is the
     ``.bin`` file or a directory containing ``tokens.bin``; the sidecar ``<name>.json`` gives
     ``dtype`` (default uint16) and ``vocab_size``.
+
+    With an active ``storage`` emulation a window's read lasts at least its emulated delay; with a
+    ``timing_dir`` each read is timed (read only: there is no decode or augmentation).
     """
 
-    def __init__(self, path: str | os.PathLike, seq_len: int):
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        seq_len: int,
+        *,
+        storage: StorageEmulation | None = None,
+        timing_dir: str | os.PathLike | None = None,
+    ):
         if seq_len <= 0:
             raise UsageError(f"sequence length must be positive, got {seq_len}")
         self.path, meta = _resolve_token_file(path)
@@ -235,6 +263,8 @@ class TokenFileDataset(Dataset):
                 f"{seq_len + 1}: {_make_tokens_hint(self.path.parent)}"
             )
         self._tokens: np.memmap | None = None
+        self.storage = storage if storage is not None and storage.active else None
+        self.timing_dir = Path(timing_dir) if timing_dir is not None else None
 
     def __len__(self) -> int:
         return (self.n_tokens - 1) // self.seq_len
@@ -252,8 +282,21 @@ class TokenFileDataset(Dataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         if not 0 <= index < len(self):
             raise IndexError(index)
-        start = index * self.seq_len
-        chunk = torch.from_numpy(self._mmap()[start : start + self.seq_len + 1].astype(np.int64))
+        start, stop = index * self.seq_len, index * self.seq_len + self.seq_len + 1
+        if self.storage is None and self.timing_dir is None:
+            chunk = torch.from_numpy(self._mmap()[start:stop].astype(np.int64))
+            return chunk[:-1], chunk[1:]
+        c0, t0 = time.thread_time(), time.perf_counter()
+        window = self._mmap()[start:stop].astype(np.int64)
+        nbytes = window.size * self.dtype.itemsize
+        pad_read(self.storage, nbytes, t0)
+        read_s = time.perf_counter() - t0
+        if self.timing_dir is not None:
+            from gpulens.workloads.prep_timing import record_sample
+
+            cpu_s = time.thread_time() - c0
+            record_sample(self.timing_dir, read_s, 0.0, 0.0, nbytes, cpu_s)
+        chunk = torch.from_numpy(window)
         return chunk[:-1], chunk[1:]
 
 
@@ -270,16 +313,24 @@ def build_dataset(
     *,
     train: bool = True,
     seed: int = 0,
+    storage: StorageEmulation | None = None,
+    timing_dir: str | os.PathLike | None = None,
 ) -> Dataset:
     """The dataset for ``spec``: synthetic when ``data == "synthetic"``, else files at ``data``.
 
     Images are produced at ``image_size`` (default: the spec's input size, e.g. 64x64 for
-    tiny_cnn); token windows are ``spec.seq_len`` long.
+    tiny_cnn); token windows are ``spec.seq_len`` long. ``storage`` and ``timing_dir`` apply to
+    files on disk: emulating storage for synthetic data is refused, timing it is ignored.
     """
+    if data == "synthetic" and storage is not None and storage.active:
+        raise UsageError(
+            "storage emulation needs data on disk: pass --data PATH (e.g. made with "
+            "`gpulens data make images`) or drop the storage latency/bandwidth"
+        )
     if spec.is_language_model:
         if data == "synthetic":
             return SyntheticTokens(n_synthetic, spec.seq_len, spec.vocab_size, seed=seed)
-        ds = TokenFileDataset(data, spec.seq_len)
+        ds = TokenFileDataset(data, spec.seq_len, storage=storage, timing_dir=timing_dir)
         if ds.vocab_size is not None and ds.vocab_size > spec.vocab_size:
             raise UsageError(
                 f"{ds.path} has vocab_size {ds.vocab_size} but {spec.name} has {spec.vocab_size}: "
@@ -293,13 +344,52 @@ def build_dataset(
     if data == "synthetic":
         shape = (spec.input_shape[0], *size)
         return SyntheticImages(n_synthetic, shape, spec.num_classes, seed=seed)
-    ds = image_folder_dataset(data, size, train=train)
+    ds = image_folder_dataset(data, size, train=train, storage=storage, timing_dir=timing_dir)
     if len(ds.classes) > spec.num_classes:
         raise UsageError(
             f"{data} has {len(ds.classes)} classes but {spec.name} predicts {spec.num_classes}: "
             f"use a dataset with at most {spec.num_classes} class folders"
         )
     return ds
+
+
+def collate_with_timing(timing_dir: str | os.PathLike | None) -> Callable | None:
+    """A DataLoader ``collate_fn`` recording each batch's collate time under ``timing_dir``
+    (default collation), or None when ``timing_dir`` is None (use the DataLoader's default)."""
+    if timing_dir is None:
+        return None
+    from gpulens.workloads.prep_timing import TimedCollate
+
+    return TimedCollate(timing_dir)
+
+
+def _scan_files(root: str, keep: Callable[[str], bool]) -> list[Path]:
+    files: list[Path] = []
+    stack = [root]
+    while stack:
+        with os.scandir(stack.pop()) as it:
+            for entry in it:
+                if entry.name.startswith("."):
+                    continue
+                if entry.is_dir():
+                    stack.append(entry.path)
+                elif keep(entry.name) and entry.is_file():
+                    files.append(Path(entry.path))
+    files.sort()
+    return files
+
+
+def dataset_files(path: str | os.PathLike, train: bool = True) -> list[Path]:
+    """The data files an on-disk dataset reads, for page-cache control: ``tokens.bin`` of a token
+    dataset, or every image of an image folder (the ``train``/``val`` split as the dataset picks
+    it)."""
+    if str(path) == "synthetic":
+        return []
+    p = Path(path).expanduser()
+    if (p.is_file() and p.suffix == ".bin") or (p.is_dir() and (p / TOKENS_BIN).is_file()):
+        return [_resolve_token_file(p)[0]]
+    root = _resolve_image_root(p, train)
+    return [f for d in _subdirs(root) for f in _scan_files(str(d), _is_image)]
 
 
 def describe_dataset(path: str | os.PathLike) -> dict:

@@ -61,6 +61,11 @@ class TrainConfig:
     channels_last: bool | None = None
     seed: int = 0
     name: str | None = None
+    # Slow-storage emulation in the dataset reader (what-if runs, validation of attributions).
+    storage_latency_s: float = 0.0
+    storage_bandwidth_bytes_per_s: float | None = None
+    # Time read, decode, augment and collate in the loader workers (series prep_w*).
+    prep_timing: bool = False
 
     def __post_init__(self) -> None:
         if self.batch_size is not None and self.batch_size <= 0:
@@ -85,6 +90,10 @@ class TrainConfig:
             )
         if self.sample_hz <= 0 or self.sample_hz > 1000:
             raise UsageError(f"--sample-hz must be in (0, 1000], got {self.sample_hz}")
+        if self.data == "synthetic" and (
+            self.storage_latency_s or self.storage_bandwidth_bytes_per_s
+        ):
+            raise UsageError("storage emulation needs on-disk data: give --data PATH")
         if self.data != "synthetic" and not Path(self.data).expanduser().exists():
             raise UsageError(
                 f"dataset path {self.data} does not exist: make one with "
@@ -212,6 +221,9 @@ def _resolve(config: TrainConfig, spec: WorkloadSpec, device: torch.device) -> d
         "sample_hz": config.sample_hz,
         "count_flops": config.count_flops,
         "channels_last": bool(channels_last),
+        "storage_latency_s": config.storage_latency_s,
+        "storage_bandwidth_bytes_per_s": config.storage_bandwidth_bytes_per_s,
+        "prep_timing": config.prep_timing,
         "seed": config.seed,
         "optimizer": None,  # filled once built
     }
@@ -287,9 +299,19 @@ def _train(
         batches = _synthetic_batches(spec, batch, device, eff["seed"], memory_format)
         eff["dataset"] = {"kind": "synthetic_on_device", "pool_batches": SYNTHETIC_POOL_BATCHES}
     else:
-        from gpulens.workloads.datasets import build_dataset, describe_dataset
+        from gpulens.workloads.datasets import (
+            build_dataset,
+            collate_with_timing,
+            describe_dataset,
+        )
+        from gpulens.workloads.storage import StorageEmulation
 
-        dataset = build_dataset(spec, eff["data"], n_synthetic=0)
+        storage = StorageEmulation(eff["storage_latency_s"], eff["storage_bandwidth_bytes_per_s"])
+        timing_dir = writer.dir / "series" if eff["prep_timing"] else None
+        dataset = build_dataset(
+            spec, eff["data"], n_synthetic=0,
+            storage=storage if storage.active else None, timing_dir=timing_dir,
+        )  # fmt: skip
         if len(dataset) < batch:
             raise UsageError(
                 f"dataset {eff['data']} has {len(dataset)} samples, fewer than one batch of "
@@ -304,6 +326,7 @@ def _train(
             num_workers=workers,
             pin_memory=cuda,
             prefetch_factor=LOADER_PREFETCH if workers > 0 else None,
+            collate_fn=collate_with_timing(timing_dir) if timing_dir else None,
         )
         batches = iter(loader)
         eff["dataset"] = describe_dataset(eff["data"])

@@ -1,0 +1,353 @@
+"""Stall breakdown by differential runs (DS-Analyzer's method, VLDB 2021).
+
+Three single-GPU runs of the same training give the time per sample with
+- no ingestion (synthetic batches already on the device): compute only;
+- data fully in the page cache: compute + CPU prep (decode, augment, collate);
+- cold data (evicted from the page cache, or behind emulated slow storage): + fetch from storage.
+Their differences are the prep stall and the fetch stall; all three shares add up to the cold
+run's time per sample. Multi-GPU components (interconnect, network) are reported as null with
+the reason until they are implemented.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpulens.errors import UsageError
+from gpulens.workloads.train import LOADER_PREFETCH, TrainConfig, TrainResult, run_training
+
+log = logging.getLogger(__name__)
+
+COMPONENTS = ("compute", "prep_stall", "fetch_stall", "interconnect_stall", "network_stall")
+RUN_KINDS = ("ingestion_free", "cached", "cold", "multi_gpu", "multi_gpu_socket")
+
+
+@dataclass
+class StallsConfig:
+    """What ``gpulens stalls`` was asked for."""
+
+    workload: str
+    data: str
+    gpus: int = 1
+    batch_size: int | None = None
+    workers: int | None = None
+    device: str | None = None
+    precision: str = "fp32"
+    until_ci_pct: float = 3.0
+    max_duration_s: float = 60.0
+    storage_latency_s: float = 0.0
+    storage_bandwidth_bytes_per_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.data == "synthetic":
+            raise UsageError(
+                "the stall breakdown needs an on-disk dataset: give --data PATH "
+                "(make one with `gpulens data make images --out PATH --n 20000`)"
+            )
+        if not Path(self.data).expanduser().exists():
+            raise UsageError(
+                f"dataset path {self.data} does not exist: make one with "
+                f"`gpulens data make images --out {self.data} --n 20000`"
+            )
+        if self.gpus < 1:
+            raise UsageError(f"--gpus must be 1 or more, got {self.gpus}")
+        if self.max_duration_s <= 0:
+            raise UsageError(f"--max-duration must be positive, got {self.max_duration_s}")
+
+    @property
+    def emulated_storage(self) -> bool:
+        return self.storage_latency_s > 0 or self.storage_bandwidth_bytes_per_s is not None
+
+
+@dataclass
+class StallResult:
+    """The breakdown and everything it rests on; ``as_dict()`` is the JSON contract."""
+
+    workload: str
+    device: str
+    runs: dict[str, str | None] = field(default_factory=dict)
+    throughput: dict[str, float | None] = field(default_factory=dict)
+    throughput_ci95_pct: dict[str, float | None] = field(default_factory=dict)
+    breakdown_pct: dict[str, float | None] = field(default_factory=dict)
+    breakdown_ci95_pp: dict[str, float | None] = field(default_factory=dict)
+    single_run_estimate_pct: dict[str, Any] | None = None
+    what_if: dict[str, Any] = field(default_factory=dict)
+    recommendations: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    fetch_method: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "workload": self.workload,
+            "device": self.device,
+            "runs": self.runs,
+            "throughput_samples_per_s": self.throughput,
+            "throughput_ci95_pct": self.throughput_ci95_pct,
+            "breakdown_pct": self.breakdown_pct,
+            "breakdown_ci95_pp": self.breakdown_ci95_pp,
+            "fetch_method": self.fetch_method,
+            "single_run_estimate_pct": self.single_run_estimate_pct,
+            "what_if": self.what_if,
+            "recommendations": self.recommendations,
+            "notes": self.notes,
+        }
+
+
+@dataclass(frozen=True)
+class _Measured:
+    per_sample_s: float
+    half_width_s: float  # 95% CI half-width of per_sample_s
+
+
+def _measured(result: TrainResult | None) -> _Measured | None:
+    if result is None:
+        return None
+    tput = result.summary.get("throughput_samples_per_s")
+    if not tput:
+        return None
+    ci_pct = result.summary.get("throughput_ci95_pct")
+    t = 1.0 / tput
+    # A relative CI on the rate is (to first order) the same relative CI on its inverse.
+    return _Measured(t, t * (ci_pct if ci_pct is not None else math.inf) / 100.0)
+
+
+def breakdown(
+    ingestion_free: _Measured, cached: _Measured, cold: _Measured | None
+) -> tuple[dict[str, float | None], dict[str, float | None]]:
+    """Shares (percent) of the slowest measured time per sample, and their 95% CI half-widths
+    in percentage points (first-order propagation of the three runs' intervals)."""
+    base = cold or cached
+    total = base.per_sample_s
+
+    def pct(x: float) -> float:
+        return 100.0 * x / total
+
+    def pp(*halves: float) -> float:
+        return 100.0 * math.sqrt(sum(h * h for h in halves)) / total
+
+    prep = max(0.0, cached.per_sample_s - ingestion_free.per_sample_s)
+    shares: dict[str, float | None] = {
+        "compute": pct(ingestion_free.per_sample_s),
+        "prep_stall": pct(prep),
+        "fetch_stall": None,
+        "interconnect_stall": None,
+        "network_stall": None,
+    }
+    cis: dict[str, float | None] = {
+        "compute": pp(ingestion_free.half_width_s, base.half_width_s),
+        "prep_stall": pp(cached.half_width_s, ingestion_free.half_width_s),
+        "fetch_stall": None,
+        "interconnect_stall": None,
+        "network_stall": None,
+    }
+    if cold is not None:
+        shares["fetch_stall"] = pct(max(0.0, cold.per_sample_s - cached.per_sample_s))
+        cis["fetch_stall"] = pp(cold.half_width_s, cached.half_width_s)
+    return shares, cis
+
+
+def what_if(
+    ingestion_free: _Measured,
+    cached: _Measured,
+    cold: _Measured | None,
+    workers: int,
+    cpu_count: int,
+    mean_file_bytes: float | None,
+    prep_cpu_s_per_sample: float | None,
+) -> dict[str, Any]:
+    """Predicted throughput (samples/s) for other workers, cache sizes and storage.
+
+    The model: the GPU needs ``t_if`` per sample; ``W`` loader processes each need ``t_prep``
+    of CPU (and ``t_fetch`` waiting on storage) per sample; the slower side sets the pace.
+    """
+    t_if = ingestion_free.per_sample_s
+    # The loader's time per sample and worker: at least its CPU time, and at least what the
+    # cached run showed when the loop waited on it (W workers delivered one sample per t_cached).
+    t_prep = max(prep_cpu_s_per_sample or 0.0, cached.per_sample_s * max(workers, 1))
+    if t_prep <= t_if * max(workers, 1) and prep_cpu_s_per_sample:
+        t_prep = prep_cpu_s_per_sample  # GPU-bound: the cached pace says nothing of the loader
+    out: dict[str, Any] = {
+        "model": "per sample: max(compute time, loader time per worker / workers); workers "
+        "scale linearly up to the CPU count, each file's fetch adds latency + size / bandwidth"
+    }
+    worker_pred = {}
+    for w in sorted({1, 2, 4, 8, 16, 32, workers, cpu_count}):
+        if w < 1 or w > max(cpu_count, workers):
+            continue
+        worker_pred[str(w)] = 1.0 / max(t_if, t_prep / w)
+    out["workers"] = worker_pred
+    if cold is not None:
+        cache_pred = {}
+        for pct in (0, 25, 50, 75, 90, 100):
+            f = pct / 100.0
+            cache_pred[str(pct)] = 1.0 / (f * cached.per_sample_s + (1 - f) * cold.per_sample_s)
+        out["page_cache_pct"] = cache_pred
+    if mean_file_bytes:
+        storage_pred = {}
+        for name, latency_s, bw in STORAGE_PROFILES:
+            t_fetch = latency_s + mean_file_bytes / bw
+            storage_pred[name] = 1.0 / max(t_if, (t_prep + t_fetch) / max(workers, 1))
+        out["storage"] = storage_pred
+    return out
+
+
+# name, per-file latency (s), bandwidth (bytes/s) per reader: typical published figures.
+STORAGE_PROFILES = (
+    ("local_nvme", 100e-6, 2.0e9),
+    ("cloud_ssd_volume", 1e-3, 250e6),
+    ("cloud_hdd_volume", 8e-3, 60e6),
+    ("network_file_system", 2e-3, 100e6),
+    ("object_store", 30e-3, 50e6),
+)
+
+
+def recommend(
+    shares: dict[str, float | None], predictions: dict[str, Any], current: float, workers: int
+) -> list[dict[str, Any]]:
+    """Actions ranked by predicted gain (percent over the current throughput)."""
+    recs = []
+    by_workers = predictions.get("workers", {})
+    best_w = max(by_workers.items(), key=lambda kv: kv[1], default=None)
+    if best_w and int(best_w[0]) > workers and best_w[1] > current * 1.02:
+        recs.append(
+            {
+                "action": f"use {best_w[0]} data-loader workers (now {workers})",
+                "predicted_samples_per_s": best_w[1],
+            }
+        )
+    cache = predictions.get("page_cache_pct", {})
+    if cache and (shares.get("fetch_stall") or 0) > 2:
+        recs.append(
+            {
+                "action": "keep the dataset in the page cache (more RAM) or on local NVMe",
+                "predicted_samples_per_s": cache["100"],
+            }
+        )
+    if (shares.get("prep_stall") or 0) > 5:
+        ceiling = 100.0 / max(shares["compute"] or 100.0, 1e-9) * current
+        recs.append(
+            {
+                "action": "decode and augment on the GPU (e.g. NVIDIA DALI), or pre-process the "
+                "dataset offline: removes the prep stall",
+                "predicted_samples_per_s": ceiling,
+            }
+        )
+    for r in recs:
+        r["predicted_gain_pct"] = 100.0 * (r["predicted_samples_per_s"] / current - 1.0)
+    recs.sort(key=lambda r: r["predicted_gain_pct"], reverse=True)
+    return recs
+
+
+ProgressFn = Callable[[str], None]
+
+
+def run_stalls(
+    config: StallsConfig, runs_root: Path, progress: ProgressFn | None = None
+) -> StallResult:
+    """Make the runs the breakdown needs (all stored) and compute it."""
+    import os
+
+    from gpulens.workloads import pagecache
+    from gpulens.workloads.datasets import dataset_files, describe_dataset
+    from gpulens.workloads.prep_timing import summarize_prep
+
+    say = progress or (lambda _msg: None)
+    files = dataset_files(config.data)
+    info = describe_dataset(config.data)
+    n_files = len(files)
+    common = dict(
+        workload=config.workload, batch_size=config.batch_size, device=config.device,
+        precision=config.precision, workers=config.workers,
+    )  # fmt: skip
+    result = StallResult(workload=config.workload, device=config.device or "")
+
+    def train(kind: str, **kw) -> TrainResult:
+        say(f"{kind} run")
+        cfg = TrainConfig(name=f"stalls-{config.workload}-{kind}", **{**common, **kw})
+        r = run_training(cfg, runs_root, kind="stalls")
+        result.runs[kind] = r.run_id
+        result.throughput[kind] = r.summary["throughput_samples_per_s"]
+        result.throughput_ci95_pct[kind] = r.summary["throughput_ci95_pct"]
+        return r
+
+    budget = dict(until_ci_pct=config.until_ci_pct, duration_s=config.max_duration_s)
+    free = train("ingestion_free", data="synthetic", **budget)
+    result.device = free.summary["device"]
+    batch = free.summary["batch_size"]
+
+    say("warming the page cache")
+    pagecache.warm(files)
+    resident = pagecache.resident_fraction(files)
+    if resident is not None and resident < 0.95:
+        result.notes.append(
+            f"only {100 * resident:.0f}% of the dataset stayed in the page cache (RAM too small "
+            "for it): the 'cached' run includes some storage reads"
+        )
+    cached = train("cached", data=config.data, prep_timing=True, **budget)
+    workers = cached.summary.get("workers") or 0
+
+    cold: TrainResult | None = None
+    warmup = 2 * max(workers, 1) * LOADER_PREFETCH
+    first_touch_steps = n_files // batch - warmup - max(workers, 1) * LOADER_PREFETCH - 1
+    if config.emulated_storage:
+        result.fetch_method = "emulated_storage"
+        cold = train(
+            "cold", data=config.data, storage_latency_s=config.storage_latency_s,
+            storage_bandwidth_bytes_per_s=config.storage_bandwidth_bytes_per_s, **budget,
+        )  # fmt: skip
+    elif first_touch_steps < 10:
+        result.notes.append(
+            f"fetch stall not measured: the dataset ({n_files} files) is too small for a cold "
+            f"run of at least 10 steps of {batch} samples that reads every file once; make a "
+            f"larger one (at least {(warmup + 10 + 2 * max(workers, 1) * 2) * batch} files)"
+        )
+    else:
+        say("evicting the dataset from the page cache")
+        evicted = pagecache.evict(files)
+        if evicted.method is None:
+            result.notes.append(f"fetch stall not measured: {evicted.note}")
+        else:
+            result.fetch_method = evicted.method
+            cold = train(
+                "cold", data=config.data, steps=min(first_touch_steps, 10_000),
+                warmup_steps=warmup,
+            )  # fmt: skip
+            result.notes.append(
+                f"cold run: {evicted.method} left "
+                f"{100 * (evicted.resident_after or 0):.1f}% of the data cached; each file read "
+                "once"
+            )
+    for kind in ("multi_gpu", "multi_gpu_socket"):
+        result.runs.setdefault(kind, None)
+        result.throughput.setdefault(kind, None)
+        result.throughput_ci95_pct.setdefault(kind, None)
+    result.notes.append(
+        "interconnect and network stalls not measured: multi-GPU runs are not implemented in "
+        f"this version (asked for {config.gpus} GPU(s))"
+    )
+
+    m_free, m_cached, m_cold = _measured(free), _measured(cached), _measured(cold)
+    result.breakdown_pct, result.breakdown_ci95_pp = breakdown(m_free, m_cached, m_cold)
+
+    prep = summarize_prep(cached.record_dir, cached.summary["throughput_samples_per_s"])
+    phases = cached.summary["phases_s"]
+    stages = (prep or {}).get("stages") or {}
+    result.single_run_estimate_pct = {
+        "data_wait": 100.0 * phases["data_wait"] / phases["step"] if phases["step"] else None,
+        "prep_stages": {k: v.get("share_pct") for k, v in stages.items()} or None,
+        "workers_starved": prep.get("workers_starved") if prep else None,
+        "explanation": prep.get("explanation") if prep else None,
+        "from_run": cached.run_id,
+    }
+    current = result.throughput["cold"] or result.throughput["cached"]
+    result.what_if = what_if(
+        m_free, m_cached, m_cold, workers, os.cpu_count() or 1,
+        info.get("mean_file_bytes"), prep.get("cpu_s_per_sample") if prep else None,
+    )  # fmt: skip
+    result.recommendations = recommend(result.breakdown_pct, result.what_if, current, workers)
+    return result
