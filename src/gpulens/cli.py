@@ -46,6 +46,10 @@ def _global(
     )
 
 
+def _mb_per_s_to_bytes(mb_per_s: float | None) -> float | None:
+    return mb_per_s * 1e6 if mb_per_s else None
+
+
 def _emit_json(doc: Any) -> None:
     sys.stdout.write(json.dumps(doc, default=str, allow_nan=False) + "\n")
     sys.stdout.flush()
@@ -198,9 +202,7 @@ def run(
         warmup_steps=warmup, device=device, precision=precision, workers=workers, data=data,
         until_ci_pct=until_ci, sample_hz=sample_hz, name=name, prep_timing=prep_timing,
         storage_latency_s=storage_latency_ms / 1000.0,
-        storage_bandwidth_bytes_per_s=storage_bandwidth_mbps * 1e6
-        if storage_bandwidth_mbps
-        else None,
+        storage_bandwidth_bytes_per_s=_mb_per_s_to_bytes(storage_bandwidth_mbps),
     )  # fmt: skip
     result = _train(config, json_out, store)
     if json_out:
@@ -281,16 +283,13 @@ def stalls(
     json_out: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
 ) -> None:
     from gpulens.experiments.stalls import StallsConfig, run_stalls
-    from gpulens.record.reader import read_record
     from gpulens.report.terminal import render_stalls
 
     config = StallsConfig(
         workload=workload, data=data, gpus=gpus, batch_size=batch_size, workers=workers,
         device=device, precision=precision, until_ci_pct=until_ci, max_duration_s=max_duration,
         storage_latency_s=storage_latency_ms / 1000.0,
-        storage_bandwidth_bytes_per_s=storage_bandwidth_mbps * 1e6
-        if storage_bandwidth_mbps
-        else None,
+        storage_bandwidth_bytes_per_s=_mb_per_s_to_bytes(storage_bandwidth_mbps),
     )  # fmt: skip
     with _progress(json_out) as progress:
         task = progress.add_task("stalls", total=None)
@@ -299,7 +298,7 @@ def stalls(
         )
     for run_id in result.runs.values():
         if run_id:
-            _store(read_record(runs_dir() / run_id).dir, store)
+            _store(runs_dir() / run_id, store)
     doc = result.as_dict()
     if json_out:
         _emit_json(doc)
