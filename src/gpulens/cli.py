@@ -130,6 +130,7 @@ def _train(config, json_mode: bool, store: bool, kind: str = "train"):
     "Examples:\n\n"
     "  gpulens run resnet50 --precision bf16 --data ./images --workers 15\n\n"
     "  gpulens run gpt2_tiny --steps 50 --device cpu --json\n\n"
+    "  gpulens run resnet50 --precision bf16 --gpus 2 --nccl-transport socket\n\n"
     "  gpulens run -- python train.py --epochs 1"
 )
 def run(
@@ -157,6 +158,14 @@ def run(
     prep_timing: bool = typer.Option(
         False, "--prep-timing", help="Time read/decode/augment/collate in the loader workers."
     ),
+    gpus: int = typer.Option(
+        1, "--gpus", help="Data-parallel (DDP) over N GPUs, one process each, same per-GPU batch."
+    ),
+    nccl_transport: str = typer.Option(
+        "default", "--nccl-transport",
+        help="With --gpus N: 'default' (P2P/NVLink) or 'socket' (NCCL over TCP, as between hosts).",
+    ),  # fmt: skip
+    ddp_bucket_mb: float = typer.Option(None, "--ddp-bucket-mb", help="DDP bucket size [25]."),
     name: str = typer.Option(None, "--name", help="A name for the run."),
     store: bool = typer.Option(True, "--store/--no-store", help="Log the run to MLflow."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
@@ -183,9 +192,11 @@ def run(
         given = {
             "--batch-size": batch_size, "--steps": steps, "--duration": duration,
             "--warmup": warmup, "--device": device, "--workers": workers, "--until-ci": until_ci,
-            "--storage-bandwidth-mbps": storage_bandwidth_mbps,
+            "--storage-bandwidth-mbps": storage_bandwidth_mbps, "--ddp-bucket-mb": ddp_bucket_mb,
         }  # fmt: skip
         extra = [k for k, v in given.items() if v is not None]
+        if gpus != 1 or nccl_transport != "default":
+            extra.append("--gpus/--nccl-transport")
         if extra or precision != "fp32" or data != "synthetic":
             raise UsageError(
                 f"{', '.join(extra) or '--precision/--data'} apply to built-in workloads only; "
@@ -201,6 +212,7 @@ def run(
         workload=target[0], batch_size=batch_size, steps=steps, duration_s=duration,
         warmup_steps=warmup, device=device, precision=precision, workers=workers, data=data,
         until_ci_pct=until_ci, sample_hz=sample_hz, name=name, prep_timing=prep_timing,
+        gpus=gpus, nccl_transport=nccl_transport, ddp_bucket_mb=ddp_bucket_mb,
         storage_latency_s=storage_latency_ms / 1000.0,
         storage_bandwidth_bytes_per_s=_mb_per_s_to_bytes(storage_bandwidth_mbps),
     )  # fmt: skip

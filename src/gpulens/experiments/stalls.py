@@ -4,9 +4,16 @@ Three single-GPU runs of the same training give the time per sample with
 - no ingestion (synthetic batches already on the device): compute only;
 - data fully in the page cache: compute + CPU prep (decode, augment, collate);
 - cold data (evicted from the page cache, or behind emulated slow storage): + fetch from storage.
-Their differences are the prep stall and the fetch stall; all three shares add up to the cold
-run's time per sample. Multi-GPU components (interconnect, network) are reported as null with
-the reason until they are implemented.
+Their differences are the prep stall and the fetch stall.
+
+With ``gpus`` N > 1, two more runs without ingestion, each process with the same per-GPU batch:
+- N GPUs with real DDP (gradient all-reduce overlapped with the backward pass, as DDP does by
+  default; Stash switched the overlap off): its excess time per step over the 1-GPU run is the
+  interconnect stall;
+- the same with NCCL forced onto its socket transport (no P2P/NVLink, no shared memory): its
+  excess over the P2P run is the network stall, the closest one host gets to a network.
+As in Stash, the components are taken to add up: the shares are of the time per step of a cold
+N-GPU run, ``t_cold + (t_N - t_1) + (t_socket - t_N)``, per GPU.
 """
 
 from __future__ import annotations
@@ -105,49 +112,68 @@ class _Measured:
 
 
 def _measured(result: TrainResult | None) -> _Measured | None:
+    """Time per sample and GPU, with its CI half-width."""
     if result is None:
         return None
     tput = result.summary.get("throughput_samples_per_s")
     if not tput:
         return None
     ci_pct = result.summary.get("throughput_ci95_pct")
-    t = 1.0 / tput
+    t = max(1, result.summary.get("processes") or 1) / tput
     # A relative CI on the rate is (to first order) the same relative CI on its inverse.
     return _Measured(t, t * (ci_pct if ci_pct is not None else math.inf) / 100.0)
 
 
 def breakdown(
-    ingestion_free: _Measured, cached: _Measured, cold: _Measured | None
+    ingestion_free: _Measured,
+    cached: _Measured,
+    cold: _Measured | None,
+    multi_gpu: _Measured | None = None,
+    multi_gpu_socket: _Measured | None = None,
 ) -> tuple[dict[str, float | None], dict[str, float | None]]:
-    """Shares (percent) of the slowest measured time per sample, and their 95% CI half-widths
-    in percentage points (first-order propagation of the three runs' intervals)."""
-    base = cold or cached
-    total = base.per_sample_s
+    """Shares (percent) of the total time per sample and GPU, and their 95% CI half-widths in
+    percentage points (first-order propagation of the runs' intervals).
 
-    def pct(x: float) -> float:
-        return 100.0 * x / total
+    All times are per sample and per GPU (an N-GPU run's is N / its total throughput). The
+    total is the slowest data run (cold, else cached) plus the interconnect and network
+    excesses, so the shares add up to 100."""
+    base = cold or cached
+    prep = max(0.0, cached.per_sample_s - ingestion_free.per_sample_s)
+    fetch = max(0.0, cold.per_sample_s - cached.per_sample_s) if cold else None
+    inter = max(0.0, multi_gpu.per_sample_s - ingestion_free.per_sample_s) if multi_gpu else None
+    network = (
+        max(0.0, multi_gpu_socket.per_sample_s - multi_gpu.per_sample_s)
+        if multi_gpu and multi_gpu_socket
+        else None
+    )
+    total = base.per_sample_s + (inter or 0.0) + (network or 0.0)
+
+    def pct(x: float | None) -> float | None:
+        return None if x is None else 100.0 * x / total
 
     def pp(*halves: float) -> float:
         return 100.0 * math.sqrt(sum(h * h for h in halves)) / total
 
-    prep = max(0.0, cached.per_sample_s - ingestion_free.per_sample_s)
     shares: dict[str, float | None] = {
         "compute": pct(ingestion_free.per_sample_s),
         "prep_stall": pct(prep),
-        "fetch_stall": None,
-        "interconnect_stall": None,
-        "network_stall": None,
+        "fetch_stall": pct(fetch),
+        "interconnect_stall": pct(inter),
+        "network_stall": pct(network),
     }
     cis: dict[str, float | None] = {
         "compute": pp(ingestion_free.half_width_s, base.half_width_s),
         "prep_stall": pp(cached.half_width_s, ingestion_free.half_width_s),
-        "fetch_stall": None,
-        "interconnect_stall": None,
-        "network_stall": None,
+        "fetch_stall": pp(cold.half_width_s, cached.half_width_s) if cold else None,
+        "interconnect_stall": (
+            pp(multi_gpu.half_width_s, ingestion_free.half_width_s) if multi_gpu else None
+        ),
+        "network_stall": (
+            pp(multi_gpu_socket.half_width_s, multi_gpu.half_width_s)
+            if multi_gpu and multi_gpu_socket
+            else None
+        ),
     }
-    if cold is not None:
-        shares["fetch_stall"] = pct(max(0.0, cold.per_sample_s - cached.per_sample_s))
-        cis["fetch_stall"] = pp(cold.half_width_s, cached.half_width_s)
     return shares, cis
 
 
@@ -228,13 +254,35 @@ def recommend(
                 "predicted_samples_per_s": cache["100"],
             }
         )
+
+    def without(component: str) -> float:
+        """Throughput once ``component`` is gone: shares are of the whole time per sample."""
+        share = min(shares.get(component) or 0.0, 99.0)
+        return current * 100.0 / (100.0 - share)
+
     if (shares.get("prep_stall") or 0) > 5:
-        ceiling = 100.0 / max(shares["compute"] or 100.0, 1e-9) * current
         recs.append(
             {
                 "action": "decode and augment on the GPU (e.g. NVIDIA DALI), or pre-process the "
                 "dataset offline: removes the prep stall",
-                "predicted_samples_per_s": ceiling,
+                "predicted_samples_per_s": without("prep_stall"),
+            }
+        )
+    if (shares.get("interconnect_stall") or 0) > 5:
+        recs.append(
+            {
+                "action": "hide more of the gradient all-reduce: a larger per-GPU batch or "
+                "gradient accumulation, larger DDP buckets (--ddp-bucket-mb), or bf16 "
+                "gradients; at best removes the interconnect stall",
+                "predicted_samples_per_s": without("interconnect_stall"),
+            }
+        )
+    if (shares.get("network_stall") or 0) > 5:
+        recs.append(
+            {
+                "action": "keep the GPUs that exchange gradients on NVLink/P2P (one host), or "
+                "use RDMA networking between hosts: removes the network stall",
+                "predicted_samples_per_s": without("network_stall"),
             }
         )
     for r in recs:
@@ -244,6 +292,21 @@ def recommend(
 
 
 ProgressFn = Callable[[str], None]
+
+
+def _effective_transport(result: TrainResult) -> list[str] | None:
+    import json
+
+    try:
+        run = json.loads((result.record_dir / "run.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return (run.get("effective_config") or {}).get("transport_effective")
+
+
+def _describe_transport(result: TrainResult) -> str:
+    got = _effective_transport(result)
+    return "NCCL reported " + ", ".join(got) if got else "transport not reported"
 
 
 def run_stalls(
@@ -322,17 +385,47 @@ def run_stalls(
                 f"{100 * (evicted.resident_after or 0):.1f}% of the data cached; each file read "
                 "once"
             )
+    multi = multi_socket = None
+    if config.gpus > 1:
+        multi_common = dict(
+            data="synthetic", gpus=config.gpus, count_flops=False,
+            device="cpu" if (config.device or "").startswith("cpu") else None, **budget,
+        )  # fmt: skip
+        multi = train("multi_gpu", **multi_common)
+        if multi_common["device"] == "cpu":
+            result.notes.append(
+                f"interconnect: {config.gpus} CPU processes over gloo vs 1; network stall not "
+                "measured: CPU processes already talk over TCP (gloo), there is no faster "
+                "path to compare with"
+            )
+        else:
+            multi_socket = train("multi_gpu_socket", nccl_transport="socket", **multi_common)
+            got = _effective_transport(multi_socket)
+            if got and "NET/Socket" not in got:
+                result.notes.append(
+                    f"the socket run's NCCL reported {', '.join(got)}, not NET/Socket: its "
+                    "network stall is not a socket measurement"
+                )
+            result.notes.append(
+                f"interconnect: {config.gpus} GPUs with DDP ({_describe_transport(multi)}) vs "
+                f"1, same per-GPU batch; network: NCCL on sockets "
+                f"({_describe_transport(multi_socket)}) over the loopback of one host, faster "
+                "than a real network between hosts"
+            )
     for kind in ("multi_gpu", "multi_gpu_socket"):
         result.runs.setdefault(kind, None)
         result.throughput.setdefault(kind, None)
         result.throughput_ci95_pct.setdefault(kind, None)
-    result.notes.append(
-        "interconnect and network stalls not measured: multi-GPU runs are not implemented in "
-        f"this version (asked for {config.gpus} GPU(s))"
-    )
+    if config.gpus == 1:
+        result.notes.append(
+            "interconnect and network stalls not measured: give --gpus N (2 or more) to run "
+            "N GPUs with DDP, with and without NCCL's peer-to-peer transport"
+        )
 
     m_free, m_cached, m_cold = _measured(free), _measured(cached), _measured(cold)
-    result.breakdown_pct, result.breakdown_ci95_pp = breakdown(m_free, m_cached, m_cold)
+    result.breakdown_pct, result.breakdown_ci95_pp = breakdown(
+        m_free, m_cached, m_cold, _measured(multi), _measured(multi_socket)
+    )
 
     prep = summarize_prep(cached.record_dir, cached.summary["throughput_samples_per_s"])
     phases = cached.summary["phases_s"]

@@ -12,7 +12,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,7 @@ DEFAULT_STEPS = 100
 # With --until-ci and no budget, stop after this long whatever the interval.
 DEFAULT_UNTIL_CI_BUDGET_S = 600.0
 SYNTHETIC_POOL_BATCHES = 4
+NCCL_TRANSPORTS = ("default", "socket")
 LOADER_PREFETCH = 2  # batches each data-loader worker prepares ahead (PyTorch's default)
 
 
@@ -66,6 +67,12 @@ class TrainConfig:
     storage_bandwidth_bytes_per_s: float | None = None
     # Time read, decode, augment and collate in the loader workers (series prep_w*).
     prep_timing: bool = False
+    # Data-parallel training (DDP): one process per GPU, each with ``batch_size`` samples.
+    gpus: int = 1
+    # NCCL transport between the GPUs: "default" (P2P/NVLink where NCCL finds it) or "socket"
+    # (no P2P, no shared memory: NCCL's network transport over TCP, as between hosts).
+    nccl_transport: str = "default"
+    ddp_bucket_mb: float | None = None
 
     def __post_init__(self) -> None:
         if self.batch_size is not None and self.batch_size <= 0:
@@ -90,6 +97,17 @@ class TrainConfig:
             )
         if self.sample_hz <= 0 or self.sample_hz > 1000:
             raise UsageError(f"--sample-hz must be in (0, 1000], got {self.sample_hz}")
+        if self.gpus < 1:
+            raise UsageError(f"--gpus must be 1 or more, got {self.gpus}")
+        if self.nccl_transport not in NCCL_TRANSPORTS:
+            raise UsageError(
+                f"unknown NCCL transport '{self.nccl_transport}': use one of "
+                f"{', '.join(NCCL_TRANSPORTS)}"
+            )
+        if self.gpus == 1 and self.nccl_transport != "default":
+            raise UsageError("--nccl-transport needs --gpus 2 or more")
+        if self.ddp_bucket_mb is not None and self.ddp_bucket_mb <= 0:
+            raise UsageError(f"--ddp-bucket-mb must be positive, got {self.ddp_bucket_mb}")
         if self.data == "synthetic" and (
             self.storage_latency_s or self.storage_bandwidth_bytes_per_s
         ):
@@ -155,17 +173,21 @@ class EndlessShuffle(torch.utils.data.Sampler):
 
     A DataLoader restarts its workers' queues at every epoch end, which stalls the loop for a
     moment; in a short measurement one such stall weighs far more than in a long training, so
-    gpulens measures the steady state and never ends an epoch.
+    gpulens measures the steady state and never ends an epoch. In a distributed run every
+    process draws the same permutation and takes every ``world_size``-th index from ``rank``
+    on, so the processes read disjoint files.
     """
 
-    def __init__(self, n: int, seed: int = 0):
+    def __init__(self, n: int, seed: int = 0, rank: int = 0, world_size: int = 1):
         self.n = n
         self.seed = seed
+        self.rank = rank
+        self.world_size = world_size
 
     def __iter__(self):
         g = torch.Generator().manual_seed(self.seed)
         while True:
-            yield from torch.randperm(self.n, generator=g).tolist()
+            yield from torch.randperm(self.n, generator=g)[self.rank :: self.world_size].tolist()
 
 
 def _autocast(device: torch.device, precision: str):
@@ -224,6 +246,9 @@ def _resolve(config: TrainConfig, spec: WorkloadSpec, device: torch.device) -> d
         "storage_latency_s": config.storage_latency_s,
         "storage_bandwidth_bytes_per_s": config.storage_bandwidth_bytes_per_s,
         "prep_timing": config.prep_timing,
+        "gpus": config.gpus,
+        "nccl_transport": config.nccl_transport,
+        "ddp_bucket_mb": config.ddp_bucket_mb,
         "seed": config.seed,
         "optimizer": None,  # filled once built
     }
@@ -237,6 +262,10 @@ def run_training(
 ) -> TrainResult:
     """Train ``config.workload`` under the monitor and write a complete run record."""
     spec = get_workload(config.workload)
+    if config.gpus > 1:
+        from gpulens.workloads.distributed import run_distributed
+
+        return run_distributed(config, spec, runs_root, progress, kind)
     device = resolve_device(config.device)
     eff = _resolve(config, spec, device)
     torch.manual_seed(config.seed)
@@ -258,11 +287,7 @@ def run_training(
     try:
         summary = _train(spec, eff, device, writer, probes, nvml_index, progress)
     except torch.cuda.OutOfMemoryError as exc:
-        bs = eff["batch_size"]
-        message = (
-            f"CUDA out of memory at batch size {bs} on {device}: lower --batch-size "
-            f"(try {max(1, bs // 2)}) or use --precision bf16"
-        )
+        message = oom_message(eff["batch_size"], device)
         writer.finish("failed", error=message)
         raise RuntimeFailure(message) from exc
     except KeyboardInterrupt:
@@ -275,15 +300,32 @@ def run_training(
     return TrainResult(writer.run_id, writer.dir, summary)
 
 
-def _train(
+def oom_message(batch_size: int, device: torch.device | str) -> str:
+    return (
+        f"CUDA out of memory at batch size {batch_size} on {device}: lower --batch-size "
+        f"(try {max(1, batch_size // 2)}) or use --precision bf16"
+    )
+
+
+@dataclass
+class Prepared:
+    """A model ready to train and the batches to feed it."""
+
+    step_fn: Callable[[Any, Any], Any]
+    batches: Iterator
+    memory_format: torch.memory_format
+
+
+def prepare(
     spec: WorkloadSpec,
     eff: dict[str, Any],
     device: torch.device,
-    writer: RunWriter,
-    probes: list[ProbeSpec],
-    nvml_index: int | None,
-    progress: ProgressFn | None,
-) -> dict[str, Any]:
+    timing_dir: Path | None,
+    rank: int = 0,
+    world_size: int = 1,
+) -> Prepared:
+    """Build the model, optimizer and batch source; wraps the model in DDP when a process
+    group is up. Fills the effective config's ``optimizer`` and ``dataset``."""
     cuda = device.type == "cuda"
     batch = eff["batch_size"]
     model = spec.build().to(device)
@@ -292,11 +334,19 @@ def _train(
         model = model.to(memory_format=memory_format)
     model.train()
     optimizer = _optimizer(spec, model)
+    if world_size > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        model = DistributedDataParallel(
+            model,
+            device_ids=[device.index] if cuda else None,
+            bucket_cap_mb=eff.get("ddp_bucket_mb") or 25,
+        )
     eff["optimizer"] = type(optimizer).__name__
     scaler = torch.amp.GradScaler(device.type) if eff["precision"] == "fp16" else None
 
     if eff["data"] == "synthetic":
-        batches = _synthetic_batches(spec, batch, device, eff["seed"], memory_format)
+        batches = _synthetic_batches(spec, batch, device, eff["seed"] + rank, memory_format)
         eff["dataset"] = {"kind": "synthetic_on_device", "pool_batches": SYNTHETIC_POOL_BATCHES}
     else:
         from gpulens.workloads.datasets import (
@@ -307,21 +357,20 @@ def _train(
         from gpulens.workloads.storage import StorageEmulation
 
         storage = StorageEmulation(eff["storage_latency_s"], eff["storage_bandwidth_bytes_per_s"])
-        timing_dir = writer.dir / "series" if eff["prep_timing"] else None
         dataset = build_dataset(
             spec, eff["data"], n_synthetic=0,
             storage=storage if storage.active else None, timing_dir=timing_dir,
         )  # fmt: skip
-        if len(dataset) < batch:
+        if len(dataset) < batch * world_size:
             raise UsageError(
                 f"dataset {eff['data']} has {len(dataset)} samples, fewer than one batch of "
-                f"{batch}: make more data or lower --batch-size"
+                f"{batch} per process: make more data or lower --batch-size"
             )
         workers = eff["workers"]
         loader = torch.utils.data.DataLoader(
             dataset,
             batch_size=batch,
-            sampler=EndlessShuffle(len(dataset), eff["seed"]),
+            sampler=EndlessShuffle(len(dataset), eff["seed"], rank, world_size),
             drop_last=True,
             num_workers=workers,
             pin_memory=cuda,
@@ -330,7 +379,6 @@ def _train(
         )
         batches = iter(loader)
         eff["dataset"] = describe_dataset(eff["data"])
-    writer.update(effective_config=eff)
 
     def step_fn(x, y):
         with _autocast(device, eff["precision"]):
@@ -345,67 +393,143 @@ def _train(
         optimizer.zero_grad(set_to_none=True)
         return loss
 
-    timer = StepTimer(writer.series("steps", STEPS_SCHEMA), cuda=cuda, warmup_steps=0)
+    return Prepared(step_fn, batches, memory_format)
+
+
+@dataclass
+class LoopResult:
+    """What the measured loop saw: enough for the summary."""
+
+    wall_measured_s: float
+    t_measure0: float  # unix time of the measured window's start and end
+    t_measure1: float
+    stop_reason: str
+    flops_per_step: float | None
+
+
+class StopControl:
+    """Agrees on when to stop across the processes of a distributed run: rank 0 decides and
+    broadcasts its decision every ``every`` measured steps over a CPU (gloo) group, so no
+    rank is left waiting in an all-reduce."""
+
+    REASONS = ("", "steps", "duration", "until_ci")
+
+    def __init__(self, group, every: int = 10):
+        self.group = group
+        self.every = every
+
+    def agree(self, reason: str | None) -> str | None:
+        import torch.distributed as dist
+
+        code = torch.tensor([self.REASONS.index(reason or "")], dtype=torch.int64)
+        dist.broadcast(code, src=0, group=self.group)
+        return self.REASONS[int(code.item())] or None
+
+    def barrier(self) -> None:
+        import torch.distributed as dist
+
+        dist.barrier(group=self.group)
+
+
+def measured_loop(
+    prepared: Prepared,
+    eff: dict[str, Any],
+    device: torch.device,
+    timer: StepTimer,
+    progress: ProgressFn | None,
+    samples_per_step: int,
+    control: StopControl | None = None,
+) -> LoopResult:
+    """Warm up, then train until the step count, the time budget or the CI target is met."""
+    cuda = device.type == "cuda"
+    memory_format = prepared.memory_format
+    batches, step_fn = prepared.batches, prepared.step_fn
     flops_per_step: float | None = None
-    monitor = Monitor(writer, probes, hz=eff["sample_hz"])
     warmup, max_steps, budget_s = eff["warmup_steps"], eff["steps"], eff["duration_s"]
-    t_measure0 = t_measure1 = time.time()
+    t_measure0 = time.time()
     t_run0 = time.perf_counter()
     measure_start = None
-    ci = None
     stop_reason = "steps"
+    step = 0
+    while True:
+        timer.warmup_steps = warmup
+        timer.begin_step()
+        x, y = next(batches)
+        timer.batch_ready()
+        if x.device != device:
+            x = x.to(device, non_blocking=True, memory_format=memory_format)
+            y = y.to(device, non_blocking=True)
+        elif eff["channels_last"] and x.dim() == 4:
+            x = x.contiguous(memory_format=memory_format)
+        timer.copy_done()
+        if step == 0 and eff["count_flops"] and control is None:
+            flops_per_step = _count_flops(lambda x=x, y=y: step_fn(x, y))
+        else:
+            step_fn(x, y)
+        timer.end_step(samples=samples_per_step)
+        step += 1
+        if step == warmup:
+            if cuda:
+                torch.cuda.synchronize(device)
+                torch.cuda.reset_peak_memory_stats(device)
+            if control is not None:
+                control.barrier()
+            measure_start = time.perf_counter()
+            t_measure0 = time.time()
+        measured = step - warmup
+        elapsed = time.perf_counter() - (measure_start or t_run0)
+        if progress is not None:
+            progress(step, (max_steps + warmup) if max_steps else None, elapsed, {})
+        if measured <= 0:
+            continue
+        if max_steps is not None and measured >= max_steps:
+            stop_reason = "steps"  # every rank counts the same steps: no need to agree
+            break
+        if control is not None and measured % control.every:
+            continue
+        wanted = None
+        if budget_s is not None and elapsed >= budget_s:
+            wanted = "duration"
+        elif eff["until_ci_pct"] is not None and measured >= 20 and measured % 10 == 0:
+            times = [r["step_time_s"] for r in timer.measured_rows() if r["step_time_s"]]
+            ci = throughput_ci(times, samples_per_step)
+            if ci is not None and ci.ci95_pct <= eff["until_ci_pct"]:
+                wanted = "until_ci"
+        if control is not None:
+            wanted = control.agree(wanted)
+        if wanted:
+            stop_reason = wanted
+            break
+    if cuda:
+        torch.cuda.synchronize(device)
+    t_measure1 = time.time()
+    wall_measured_s = time.perf_counter() - (measure_start or t_run0)
+    return LoopResult(wall_measured_s, t_measure0, t_measure1, stop_reason, flops_per_step)
+
+
+def _train(
+    spec: WorkloadSpec,
+    eff: dict[str, Any],
+    device: torch.device,
+    writer: RunWriter,
+    probes: list[ProbeSpec],
+    nvml_index: int | None,
+    progress: ProgressFn | None,
+) -> dict[str, Any]:
+    timing_dir = writer.dir / "series" if eff["prep_timing"] else None
+    prepared = prepare(spec, eff, device, timing_dir)
+    writer.update(effective_config=eff)
+    cuda = device.type == "cuda"
+    timer = StepTimer(writer.series("steps", STEPS_SCHEMA), cuda=cuda, warmup_steps=0)
+    monitor = Monitor(writer, probes, hz=eff["sample_hz"])
     with monitor:
-        step = 0
-        while True:
-            timer.warmup_steps = warmup
-            timer.begin_step()
-            x, y = next(batches)
-            timer.batch_ready()
-            if x.device != device:
-                x = x.to(device, non_blocking=True, memory_format=memory_format)
-                y = y.to(device, non_blocking=True)
-            elif eff["channels_last"] and x.dim() == 4:
-                x = x.contiguous(memory_format=memory_format)
-            timer.copy_done()
-            if step == 0 and eff["count_flops"]:
-                flops_per_step = _count_flops(lambda x=x, y=y: step_fn(x, y))
-            else:
-                step_fn(x, y)
-            timer.end_step(samples=batch)
-            step += 1
-            if step == warmup:
-                if cuda:
-                    torch.cuda.synchronize(device)
-                    torch.cuda.reset_peak_memory_stats(device)
-                measure_start = time.perf_counter()
-                t_measure0 = time.time()
-            measured = step - warmup
-            elapsed = time.perf_counter() - (measure_start or t_run0)
-            if progress is not None:
-                progress(step, (max_steps + warmup) if max_steps else None, elapsed, {})
-            if measured <= 0:
-                continue
-            if max_steps is not None and measured >= max_steps:
-                stop_reason = "steps"
-                break
-            if budget_s is not None and elapsed >= budget_s:
-                stop_reason = "duration"
-                break
-            if eff["until_ci_pct"] is not None and measured >= 20 and measured % 10 == 0:
-                times = [r["step_time_s"] for r in timer.measured_rows() if r["step_time_s"]]
-                ci = throughput_ci(times, batch)
-                if ci is not None and ci.ci95_pct <= eff["until_ci_pct"]:
-                    stop_reason = "until_ci"
-                    break
-        if cuda:
-            torch.cuda.synchronize(device)
-        t_measure1 = time.time()
-        wall_measured_s = time.perf_counter() - (measure_start or t_run0)
+        loop = measured_loop(prepared, eff, device, timer, progress, eff["batch_size"])
         timer.finish()
     overhead = monitor.overhead()
-    return _summarize(
-        spec, eff, device, writer, timer, overhead, flops_per_step, nvml_index,
-        t_measure0, t_measure1, wall_measured_s, stop_reason,
+    peak_mem = torch.cuda.max_memory_allocated(device) if cuda else None
+    return summarize_run(
+        spec, eff, device, writer, timer.measured_rows(), overhead.as_dict(), loop,
+        [nvml_index] if nvml_index is not None else [], [peak_mem],
     )  # fmt: skip
 
 
@@ -428,53 +552,74 @@ def _mean(values) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
-def _summarize(
-    spec, eff, device, writer, timer, overhead, flops_per_step, nvml_index,
-    t_measure0, t_measure1, wall_measured_s, stop_reason,
-) -> dict[str, Any]:  # fmt: skip
-    rows = timer.measured_rows()
+def summarize_run(
+    spec: WorkloadSpec,
+    eff: dict[str, Any],
+    device: torch.device,
+    writer: RunWriter,
+    rows: list[dict[str, Any]],
+    overhead: dict[str, Any],
+    loop: LoopResult,
+    nvml_indices: list[int],
+    peak_mem_bytes: list[int | None],
+    world_size: int = 1,
+) -> dict[str, Any]:
+    """The run's summary (written into run.json): throughput over all processes, phases of
+    rank 0's steps, the first GPU's monitor means (all GPUs under ``gpus``), MFU per GPU."""
     batch = eff["batch_size"]
     step_times = [r["step_time_s"] for r in rows if r["step_time_s"] is not None]
-    ci = throughput_ci(step_times, batch)
-    samples = batch * len(rows)
+    samples_per_step = batch * world_size
+    ci = throughput_ci(step_times, samples_per_step)
+    samples = samples_per_step * len(rows)
+    wall = loop.wall_measured_s
     # The point estimate comes from the bracketing synchronizes: exact for the whole window.
-    tput = samples / wall_measured_s if wall_measured_s > 0 and rows else None
+    tput = samples / wall if wall > 0 and rows else None
     phases = {
         "data_wait": _mean(r["data_wait_s"] for r in rows),
         "h2d": _mean(r["h2d_s"] for r in rows),
         "compute": _mean(r["compute_s"] for r in rows),
-        "step": wall_measured_s / len(rows) if rows else None,
+        "step": wall / len(rows) if rows else None,
     }
     gpu_summary = None
+    per_gpu = []
     mfu = None
+    flops_per_step = loop.flops_per_step
     if device.type == "cuda":
         gpu_df = writer.read_series("gpu")
-        gpu_summary = summarize_gpu(gpu_df, t_measure0, t_measure1, nvml_index or 0, samples) or {}
+        for i, index in enumerate(nvml_indices):
+            s = summarize_gpu(gpu_df, loop.t_measure0, loop.t_measure1, index, samples // max(
+                len(nvml_indices), 1)) or {}  # fmt: skip
+            s["peak_mem_allocated_bytes"] = peak_mem_bytes[i] if i < len(peak_mem_bytes) else None
+            per_gpu.append(s)
+        gpu_summary = dict(per_gpu[0]) if per_gpu else {}
         gpu_summary["name"] = torch.cuda.get_device_name(device)
-        gpu_summary["peak_mem_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
         peak = peak_flops(gpu_summary["name"], _peak_precision(spec, eff["precision"]))
         if flops_per_step and peak and phases["step"]:
             mfu = flops_per_step / phases["step"] / peak
         gpu_summary["peak_flops"] = peak
-    host_summary = summarize_host(writer.read_series("host"), t_measure0, t_measure1)
+    host_summary = summarize_host(writer.read_series("host"), loop.t_measure0, loop.t_measure1)
     summary = {
         "workload": spec.name,
-        "device": str(device),
+        "device": str(device) if world_size == 1 else f"{world_size}x {device.type}",
+        "gpus": world_size if device.type == "cuda" else 0,
+        "processes": world_size,
         "precision": eff["precision"],
         "batch_size": batch,
+        "global_batch_size": samples_per_step,
         "workers": eff["workers"] if eff["data"] != "synthetic" else 0,
         "measured_steps": len(rows),
         "warmup_steps": eff["warmup_steps"],
-        "stop_reason": stop_reason,
-        "measured_wall_s": wall_measured_s,
+        "stop_reason": loop.stop_reason,
+        "measured_wall_s": wall,
         "throughput_samples_per_s": tput,
         "throughput_ci95_pct": ci.ci95_pct if ci and math.isfinite(ci.ci95_pct) else None,
         "phases_s": phases,
         "flops_per_sample": flops_per_step / batch if flops_per_step else None,
         "mfu": mfu,
         "gpu": gpu_summary,
+        "per_gpu": per_gpu if world_size > 1 else None,
         "host": host_summary,
-        **overhead.as_dict(),
+        **overhead,
     }
     writer.update(summary=summary, effective_config=eff)
     return summary

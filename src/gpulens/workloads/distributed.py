@@ -1,0 +1,273 @@
+"""Data-parallel training (DDP) over several GPUs of one host, one process per GPU.
+
+The parent process owns the run record and the monitor (every GPU of the run, and the host
+with the whole process tree); it spawns one training process per GPU. Rank 0 times its steps
+and sends them back with its progress; all ranks agree on when to stop (rank 0 decides), so
+the measured window is the same everywhere. Communication overlaps computation as DDP does it
+by default (gradient buckets all-reduced during the backward pass).
+
+On a CPU-only machine ``--gpus N --device cpu`` runs N processes over gloo: the same code path,
+so it can be tested anywhere.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue as queue_mod
+import re
+import socket
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gpulens.errors import RuntimeFailure, UsageError
+from gpulens.probes.environment import capture_environment
+from gpulens.probes.gpu import describe_gpus
+from gpulens.probes.monitor import Monitor, ProbeSpec
+from gpulens.probes.steps import STEPS_SCHEMA, StepTimer
+from gpulens.record.writer import RunWriter
+from gpulens.workloads.devices import nvml_index_for
+from gpulens.workloads.models import WorkloadSpec, get_workload
+
+log = logging.getLogger(__name__)
+
+# NCCL's socket transport only: no peer-to-peer (NVLink, PCIe), no shared memory, no
+# InfiniBand. Between processes of one host this is the closest to a network between hosts.
+SOCKET_TRANSPORT_ENV = {
+    "NCCL_P2P_DISABLE": "1",
+    "NCCL_SHM_DISABLE": "1",
+    "NCCL_IB_DISABLE": "1",
+    "NCCL_NET": "Socket",
+}
+NCCL_LOG_PREFIX = "nccl-"
+_VIA = re.compile(r"via ((?:P2P|SHM|NET|CollNet|NVLS)[^\s]*)")
+
+
+def transport_env(transport: str) -> dict[str, str]:
+    """Environment variables that select ``transport`` ("default" changes nothing)."""
+    return dict(SOCKET_TRANSPORT_ENV) if transport == "socket" else {}
+
+
+def parse_nccl_transports(log_text: str) -> list[str]:
+    """The transports NCCL reported for its channels ("P2P/CUMEM", "NET/Socket", "SHM/direct"),
+    read from its INFO log lines such as ``Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read``."""
+    found = set()
+    for match in _VIA.finditer(log_text):
+        found.add("/".join(match.group(1).split("/")[:2]))
+    return sorted(found)
+
+
+def read_nccl_transports(record_dir: Path) -> list[str] | None:
+    texts = []
+    for path in sorted(Path(record_dir).glob(f"{NCCL_LOG_PREFIX}*.log")):
+        try:
+            texts.append(path.read_text(errors="replace"))
+        except OSError:
+            continue
+    return parse_nccl_transports("\n".join(texts)) if texts else None
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _check_devices(config, world: int) -> str:
+    """The device type the processes use; a usage error when the GPUs are not there."""
+    requested = (config.device or "").strip().lower()
+    if requested == "cpu":
+        return "cpu"
+    if requested not in ("", "cuda"):
+        raise UsageError(
+            f"--gpus {world} uses cuda:0..cuda:{world - 1} (one process each): leave out "
+            "--device, or pick GPUs with CUDA_VISIBLE_DEVICES"
+        )
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0 and not requested:
+        raise UsageError(
+            f"--gpus {world} needs {world} CUDA GPUs and none is visible here (see `gpulens "
+            f"doctor`); use --device cpu to run {world} processes on the CPU instead"
+        )
+    if count < world:
+        raise UsageError(
+            f"--gpus {world} needs {world} GPUs but this machine has {count}: use --gpus {count}"
+        )
+    return "cuda"
+
+
+def run_distributed(config, spec: WorkloadSpec, runs_root: Path, progress, kind: str):
+    """``run_training`` for ``config.gpus`` > 1 processes."""
+    from gpulens.workloads.train import TrainResult, _resolve
+
+    world = config.gpus
+    device_type = _check_devices(config, world)
+    device0 = torch.device("cuda:0" if device_type == "cuda" else "cpu")
+    eff = _resolve(config, spec, device0)
+    eff["device"] = f"{device_type}:0..{world - 1}" if device_type == "cuda" else "cpu"
+    env = transport_env(config.nccl_transport) if device_type == "cuda" else {}
+    eff["backend"] = "nccl" if device_type == "cuda" else "gloo"
+    eff["transport_env"] = env
+    writer = RunWriter(
+        runs_root,
+        kind=kind,
+        name=config.name or f"{spec.name}-{world}x{device_type}-b{eff['batch_size']}",
+        requested_config=asdict(config),
+        environment=capture_environment(describe_gpus()),
+    )
+    if device_type == "cuda" and "NCCL_DEBUG" not in os.environ:
+        # NCCL says which transport each channel took: the effective setting, logged.
+        env = {
+            **env,
+            "NCCL_DEBUG": "INFO",
+            "NCCL_DEBUG_SUBSYS": "INIT",
+            "NCCL_DEBUG_FILE": str(writer.dir / f"{NCCL_LOG_PREFIX}%p.log"),
+        }
+    nvml_indices = []
+    if device_type == "cuda":
+        nvml_indices = [nvml_index_for(torch.device(f"cuda:{i}")) for i in range(world)]
+    probes = [ProbeSpec("host", {"root_pid": os.getpid()})]
+    if nvml_indices:
+        probes.insert(0, ProbeSpec("gpu", {"indices": nvml_indices}))
+    else:
+        writer.update(unsupported={"gpu": "the run used the CPU"})
+    try:
+        summary = _spawn_and_summarize(
+            spec, eff, world, device0, writer, probes, nvml_indices, env, progress
+        )
+    except KeyboardInterrupt:
+        writer.finish("killed", error="interrupted (Ctrl-C)")
+        raise
+    except BaseException as exc:
+        writer.finish("failed", error=str(exc) or type(exc).__name__)
+        raise
+    writer.finish("finished")
+    return TrainResult(writer.run_id, writer.dir, summary)
+
+
+def _spawn_and_summarize(spec, eff, world, device0, writer, probes, nvml_indices, env, progress):
+    import torch.multiprocessing as mp
+
+    from gpulens.workloads.train import LoopResult, summarize_run
+
+    writer.update(effective_config=eff)
+    ctx = mp.get_context("spawn")
+    messages = ctx.Queue()
+    port = _free_port()
+    result: dict[str, Any] | None = None
+    peaks: dict[int, int | None] = {}
+    error: str | None = None
+
+    def drain() -> None:
+        nonlocal result, error
+        while True:
+            try:
+                msg = messages.get_nowait()
+            except queue_mod.Empty:
+                return
+            if msg[0] == "progress" and progress is not None:
+                progress(*msg[1:], {})
+            elif msg[0] == "peak":
+                peaks[msg[1]] = msg[2]
+            elif msg[0] == "result":
+                result = msg[1]
+            elif msg[0] == "error" and error is None:
+                error = msg[1]
+
+    monitor = Monitor(writer, probes, hz=eff["sample_hz"])
+    with monitor:
+        procs = mp.start_processes(
+            _rank_main,
+            args=(world, eff, str(writer.dir), port, messages, env),
+            nprocs=world,
+            join=False,
+            start_method="spawn",
+        )
+        try:
+            while not procs.join(timeout=0.25):
+                drain()
+        except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
+            time.sleep(0.2)
+            drain()
+            last = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+            raise RuntimeFailure(error or f"a training process failed: {last}") from None
+        except BaseException:
+            for p in procs.processes:
+                if p.is_alive():
+                    p.terminate()
+            raise
+        # Results may still sit in the queue's pipe after the processes have exited.
+        deadline = time.monotonic() + 5.0
+        while (result is None or len(peaks) < world) and time.monotonic() < deadline:
+            drain()
+            time.sleep(0.05)
+    if result is None:
+        raise RuntimeFailure(error or "the training processes ended without a result")
+    overhead = monitor.overhead()
+    series = writer.series("steps", STEPS_SCHEMA)
+    for row in result["rows"]:
+        series.append(row)
+    series.close()
+    transports = read_nccl_transports(writer.dir) if eff["backend"] == "nccl" else ["gloo"]
+    eff["transport_effective"] = transports
+    if eff["nccl_transport"] == "socket" and transports and "NET/Socket" not in transports:
+        log.warning("NCCL was asked for sockets but reported %s", ", ".join(transports))
+    measured = [r for r in result["rows"] if not r["warmup"]]
+    return summarize_run(
+        spec, eff, device0, writer, measured, overhead.as_dict(), LoopResult(**result["loop"]),
+        nvml_indices, [peaks.get(r) for r in range(world)], world_size=world,
+    )  # fmt: skip
+
+
+def _rank_main(rank: int, world: int, eff: dict[str, Any], record_dir: str, port: int,
+               messages, env: dict[str, str]) -> None:  # fmt: skip
+    """One training process (spawned): joins the group, trains, reports to the parent."""
+    import torch.distributed as dist
+
+    from gpulens.workloads.train import StopControl, measured_loop, oom_message, prepare
+
+    os.environ.update(env)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    cuda = eff["backend"] == "nccl"
+    device = torch.device(f"cuda:{rank}") if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    else:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    torch.manual_seed(eff["seed"])
+    spec = get_workload(eff["workload"])
+    dist.init_process_group(
+        backend=eff["backend"], rank=rank, world_size=world,
+        device_id=device if cuda else None,
+    )  # fmt: skip
+    try:
+        control = StopControl(dist.new_group(backend="gloo"))
+        timing_dir = Path(record_dir) / "series" if eff["prep_timing"] and rank == 0 else None
+        prepared = prepare(spec, eff, device, timing_dir, rank, world)
+        timer = StepTimer(None, cuda=cuda, warmup_steps=0)
+        last_sent = [0.0]
+
+        def report(step, total, elapsed_s, _info) -> None:
+            now = time.monotonic()
+            if rank == 0 and now - last_sent[0] >= 0.5:
+                messages.put(("progress", step, total, elapsed_s))
+                last_sent[0] = now
+
+        try:
+            loop = measured_loop(
+                prepared, eff, device, timer, report, eff["batch_size"] * world, control
+            )
+        except torch.cuda.OutOfMemoryError:
+            messages.put(("error", oom_message(eff["batch_size"], device)))
+            raise
+        timer.finish()
+        messages.put(("peak", rank, torch.cuda.max_memory_allocated(device) if cuda else None))
+        if rank == 0:
+            messages.put(("result", {"rows": timer.rows, "loop": asdict(loop)}))
+        control.barrier()
+    finally:
+        dist.destroy_process_group()
