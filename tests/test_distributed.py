@@ -148,3 +148,10 @@ def test_stalls_cli_with_two_processes_on_cpu(tmp_path, capsys):
     assert any("gloo" in n for n in doc["notes"])
     measured = [v for v in doc["breakdown_pct"].values() if v is not None]
     assert sum(measured) == pytest.approx(100.0)
+
+
+def test_noise_that_makes_a_slower_run_faster_never_gives_negative_or_excess_shares():
+    # the cold run came out faster than the cached one, the ingestion-free run slowest of all
+    shares, _ = breakdown(_Measured(2.0, 0), _Measured(1.8, 0), _Measured(1.5, 0))
+    assert shares["compute"] == pytest.approx(100.0)
+    assert shares["prep_stall"] == 0.0 and shares["fetch_stall"] == 0.0

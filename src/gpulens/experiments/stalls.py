@@ -135,8 +135,9 @@ def breakdown(
     percentage points (first-order propagation of the runs' intervals).
 
     All times are per sample and per GPU (an N-GPU run's is N / its total throughput). The
-    total is the slowest data run (cold, else cached) plus the interconnect and network
-    excesses, so the shares add up to 100."""
+    total is the compute time plus every stall, which, when no run is faster than the one it
+    is compared with, is the slowest data run (cold, else cached) plus the interconnect and
+    network excesses."""
     base = cold or cached
     prep = max(0.0, cached.per_sample_s - ingestion_free.per_sample_s)
     fetch = max(0.0, cold.per_sample_s - cached.per_sample_s) if cold else None
@@ -146,7 +147,9 @@ def breakdown(
         if multi_gpu and multi_gpu_socket
         else None
     )
-    total = base.per_sample_s + (inter or 0.0) + (network or 0.0)
+    # Differences are clipped at zero (a faster "slower" run is noise), and the total is their
+    # sum, so the shares are never negative and always add up to 100.
+    total = ingestion_free.per_sample_s + prep + (fetch or 0.0) + (inter or 0.0) + (network or 0.0)
 
     def pct(x: float | None) -> float | None:
         return None if x is None else 100.0 * x / total
