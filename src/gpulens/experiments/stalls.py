@@ -415,7 +415,7 @@ def run_stalls(
                 f"({_describe_transport(multi_socket)}) over the loopback of one host, faster "
                 "than a real network between hosts"
             )
-    for kind in ("multi_gpu", "multi_gpu_socket"):
+    for kind in ("cold", "multi_gpu", "multi_gpu_socket"):
         result.runs.setdefault(kind, None)
         result.throughput.setdefault(kind, None)
         result.throughput_ci95_pct.setdefault(kind, None)
@@ -440,7 +440,7 @@ def run_stalls(
         "explanation": prep.get("explanation") if prep else None,
         "from_run": cached.run_id,
     }
-    current = result.throughput["cold"] or result.throughput["cached"]
+    current = result.throughput.get("cold") or result.throughput["cached"]
     result.what_if = what_if(
         m_free, m_cached, m_cold, workers, os.cpu_count() or 1,
         info.get("mean_file_bytes"), prep.get("cpu_s_per_sample") if prep else None,
