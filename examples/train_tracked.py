@@ -2,24 +2,58 @@
 
 python examples/train_tracked.py                 # makes its own gpulens run
 gpulens run -- python examples/train_tracked.py  # steps go into gpulens's run
+gpulens stalls --data DIR -- python examples/train_tracked.py --data DIR  # stall breakdown
+
+With --data DIR the script reads the files under DIR (any files: each sample is a file's first
+bytes, as a vector), so `gpulens stalls` can time it with the files in the page cache and cold.
 """
 
+import argparse
+from pathlib import Path
+
 import torch
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import gpulens
 
+parser = argparse.ArgumentParser()
+parser.add_argument("--data", help="a folder of files to read (default: random tensors)")
+parser.add_argument("--epochs", type=int, default=3)
+parser.add_argument("--workers", type=int, default=0)
+parser.add_argument("--batch-size", type=int, default=128)
+args = parser.parse_args()
+
+
+class Files(Dataset):
+    """Each sample: the first 64 bytes of one file as floats, and a label from its folder."""
+
+    def __init__(self, root):
+        self.paths = sorted(p for p in Path(root).rglob("*") if p.is_file())
+
+    def __len__(self):
+        return len(self.paths)
+
+    def __getitem__(self, i):
+        raw = self.paths[i].read_bytes()[:64].ljust(64, b"\0")
+        x = torch.frombuffer(bytearray(raw), dtype=torch.uint8).float() / 255.0
+        return x, sum(self.paths[i].parent.name.encode()) % 10
+
+
 device = "cuda" if torch.cuda.is_available() else "cpu"
-data = TensorDataset(torch.randn(4096, 64), torch.randint(0, 10, (4096,)))
-loader = DataLoader(data, batch_size=128, shuffle=True)
+if args.data:
+    data = Files(args.data)
+else:
+    data = TensorDataset(torch.randn(4096, 64), torch.randint(0, 10, (4096,)))
+loader = DataLoader(data, batch_size=args.batch_size, shuffle=True, num_workers=args.workers)
 model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
 model = model.to(device)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 
 with gpulens.track(name="tracked-example") as tracker:  ###
-    for _epoch in range(3):
-        for x, y in tracker.data(loader):  ### times the wait for each batch
-            x, y = x.to(device), y.to(device)
+    for _epoch in range(args.epochs):
+        # device=: batches arrive on the device (under `gpulens stalls`, its ingestion-free run
+        # repeats the first few batches already there instead of loading more)
+        for x, y in tracker.data(loader, device=device):  ### times the wait for each batch
             loss = torch.nn.functional.cross_entropy(model(x), y)
             loss.backward()
             opt.step()

@@ -38,22 +38,30 @@ def run_command(
     sample_hz: float = 10.0,
     name: str | None = None,
     stdout_to_stderr: bool = False,
+    kind: str = "command",
+    extra_env: dict[str, str] | None = None,
+    config: dict[str, Any] | None = None,
 ) -> CommandResult:
-    """Run ``argv`` to completion under the GPU and host monitor, in a run record of kind
-    ``command``. The child finds the run directory in ``$GPULENS_RUN_DIR`` (the tracking API
-    uses it). Ctrl-C and SIGTERM are passed on to the child; the record ends ``killed``.
-    ``stdout_to_stderr`` keeps the command's output off stdout (for ``--json``)."""
+    """Run ``argv`` to completion under the GPU and host monitor, in a run record of ``kind``.
+    The child finds the run directory in ``$GPULENS_RUN_DIR`` (the tracking API uses it), plus
+    ``extra_env``; ``config`` is added to the record's requested config. Ctrl-C and SIGTERM are
+    passed on to the child; the record ends ``killed``. ``stdout_to_stderr`` keeps the
+    command's output off stdout (for ``--json``)."""
     if not argv:
         raise UsageError("no command given: gpulens run -- python train.py ...")
     gpus = describe_gpus()
+    extra_env = dict(extra_env or {})
     writer = RunWriter(
         runs_root,
-        kind="command",
+        kind=kind,
         name=name or Path(argv[0]).name,
-        requested_config={"command": shlex.join(argv), "sample_hz": sample_hz},
+        requested_config={
+            "command": shlex.join(argv), "sample_hz": sample_hz, **(config or {}),
+            **({"env": extra_env} if extra_env else {}),
+        },
         environment=capture_environment(gpus),
-    )
-    env = dict(os.environ, **{RUN_DIR_ENV: str(writer.dir)})
+    )  # fmt: skip
+    env = dict(os.environ, **extra_env, **{RUN_DIR_ENV: str(writer.dir)})
     try:
         child = subprocess.Popen(argv, env=env, stdout=2 if stdout_to_stderr else None)
     except (FileNotFoundError, PermissionError, OSError) as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 
@@ -160,7 +161,9 @@ def render_stalls(console: Console, doc: dict[str, Any], width: int = 60) -> Non
         value = shares.get(name)
         if value:
             bar += f"[{color}]" + "█" * max(1, round(width * value / 100)) + f"[/{color}]"
-    console.print(f"[bold]Where the time of {doc['workload']} on {doc['device']} goes[/bold]")
+    on = f" on {doc['device']}" if doc.get("device") else ""
+    what = escape(str(doc["workload"]))  # a command line may hold [brackets]
+    console.print(f"[bold]Where the time of {what}{on} goes[/bold]", highlight=False)
     console.print(bar)
     table = Table(box=None, show_header=True, pad_edge=False)
     table.add_column("component")

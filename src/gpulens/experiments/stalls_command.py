@@ -1,0 +1,246 @@
+"""Stall breakdown of a user's own training script: ``gpulens stalls --data PATH -- CMD``.
+
+The script uses the tracking API (``with gpulens.track() as t: for b in t.data(loader): ...``)
+and runs three times under the monitor, each a stored run of kind ``stalls``:
+
+- ``ingestion_free``: ``GPULENS_INGESTION_FREE=1`` makes ``tracker.data()`` repeat the loader's
+  first batches (moved to the device given to ``data(..., device=)``) instead of loading more;
+- ``cached``: after every file under PATH was read once, so it sits in the page cache;
+- ``cold``: after the files were evicted from the page cache; ``GPULENS_FIRST_PASS_ONLY=1``
+  makes the tracker time only the first pass over the loader, the one that reads each file once.
+  Where no eviction works, there is no cold run and the notes say why: a warm read is never
+  reported as cold.
+
+Throughput and its CI come from the tracker's summary of each run; the breakdown, what-if and
+recommendations are those of :mod:`gpulens.experiments.stalls`. Interconnect and network stalls
+need runs gpulens launches itself and are null here.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from pathlib import Path
+
+from gpulens.errors import RuntimeFailure, UsageError
+from gpulens.experiments.stalls import (
+    ProgressFn,
+    StallResult,
+    _measured,
+    breakdown,
+    recommend,
+    what_if,
+)
+from gpulens.launch.command import CommandResult, run_command
+from gpulens.workloads.tracking import FIRST_PASS_ENV, INGESTION_FREE_BATCHES, INGESTION_FREE_ENV
+
+NO_STEPS = "the script did not report steps: wrap its loader in gpulens.track().data(...)"
+MIN_COLD_STEPS = 3  # measured steps of the first pass below which no fetch stall is given
+
+
+def _data_files(path: Path) -> list[Path]:
+    """Every file at ``path`` (a file, or a folder searched recursively, hidden ones left out)."""
+    if path.is_file():
+        return [path]
+    files = []
+    for dirpath, dirnames, names in os.walk(path):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        files.extend(Path(dirpath) / n for n in sorted(names) if not n.startswith("."))
+    return files
+
+
+def _label(argv: list[str]) -> str:
+    """A short name for the runs: the script's name where there is one."""
+    for arg in argv:
+        if arg.endswith(".py"):
+            return Path(arg).stem
+    return Path(argv[0]).name
+
+
+def _check_steps(r: CommandResult, kind: str) -> None:
+    s = r.summary
+    if not s.get("steps_total") and not s.get("measured_steps"):
+        raise UsageError(
+            f"{NO_STEPS} (see examples/train_tracked.py); the {kind} run {r.run_id} has no steps"
+        )
+    if not s.get("measured_steps") or not s.get("throughput_samples_per_s"):
+        raise UsageError(
+            f"the script reported {s.get('steps_total')} steps, all of them warm-up: let it run "
+            f"at least 10 more steps (more epochs or steps); the {kind} run is {r.run_id}"
+        )
+
+
+def run_stalls_command(
+    argv: list[str],
+    data: str,
+    runs_root: Path,
+    progress: ProgressFn | None = None,
+    sample_hz: float = 10.0,
+) -> StallResult:
+    """Run ``argv`` ingestion-free, with PATH cached and with PATH cold (all stored), and break
+    its time per sample into compute, prep stall and fetch stall."""
+    from gpulens.workloads import pagecache
+
+    if not argv:
+        raise UsageError("no command given: gpulens stalls --data PATH -- python train.py ...")
+    if str(data) == "synthetic":
+        raise UsageError(
+            "the stall breakdown needs the on-disk dataset the script reads: give --data PATH"
+        )
+    data_path = Path(data).expanduser().resolve()
+    if not data_path.exists():
+        raise UsageError(
+            f"dataset path {data} does not exist: give the folder (or file) the script reads"
+        )
+    files = _data_files(data_path)
+    sizes = [f.stat().st_size for f in files if f.is_file()]
+    if not sizes:
+        raise UsageError(f"no files under {data_path}: give the folder the script reads")
+    say = progress or (lambda _msg: None)
+    command = shlex.join(argv)
+    label = _label(argv)
+    result = StallResult(workload=command, device=None)  # type: ignore[arg-type]
+
+    def run(kind: str, ingestion_free: bool = False, first_pass: bool = False) -> CommandResult:
+        say(f"{kind} run")
+        env = {INGESTION_FREE_ENV: "1" if ingestion_free else "0"}
+        env[FIRST_PASS_ENV] = "1" if first_pass else "0"
+        r = run_command(
+            argv, runs_root, sample_hz=sample_hz, name=f"stalls-{label}-{kind}",
+            stdout_to_stderr=True, kind="stalls", extra_env=env,
+            config={"stalls_run": kind, "data": str(data_path)},
+        )  # fmt: skip
+        result.runs[kind] = r.run_id
+        if r.status == "killed":
+            raise KeyboardInterrupt
+        if r.returncode != 0:
+            hint = (
+                f"; in this run gpulens.track().data() repeats the loader's first "
+                f"{INGESTION_FREE_BATCHES} batches (GPULENS_INGESTION_FREE=1)"
+                if ingestion_free
+                else ""
+            )
+            raise RuntimeFailure(
+                f"the {kind} run of the command ended with exit code {r.returncode}{hint}; its "
+                f"record is {r.record_dir}"
+            )
+        result.throughput[kind] = r.summary.get("throughput_samples_per_s")
+        result.throughput_ci95_pct[kind] = r.summary.get("throughput_ci95_pct")
+        return r
+
+    free = run("ingestion_free", ingestion_free=True)
+    _check_steps(free, "ingestion_free")
+    loader = free.summary.get("loader") or {}
+    if not loader.get("ingestion_free"):
+        raise RuntimeFailure(
+            f"the ingestion-free run did not take effect: the script's tracker did not see "
+            f"{INGESTION_FREE_ENV}=1 (does the script clear its environment?); its record is "
+            f"{free.record_dir}"
+        )
+    result.device = loader.get("device")
+    if result.device is None:
+        result.notes.append(
+            "tracker.data() got no device=: the ingestion-free batches stayed where the loader "
+            "put them, so on a GPU 'compute' includes the script's own host-to-device copy; "
+            "pass device= (e.g. tracker.data(loader, device='cuda')) for synthetic batches "
+            "already on the GPU"
+        )
+
+    say("warming the page cache")
+    pagecache.warm(files)
+    resident = pagecache.resident_fraction(files)
+    if resident is not None and resident < 0.95:
+        result.notes.append(
+            f"only {100 * resident:.0f}% of the dataset stayed in the page cache (RAM too small "
+            "for it): the 'cached' run includes some storage reads"
+        )
+    cached = run("cached")
+    _check_steps(cached, "cached")
+    cached_loader = cached.summary.get("loader") or {}
+
+    say("evicting the dataset from the page cache")
+    cold: CommandResult | None = None
+    evicted = pagecache.evict(files)
+    if evicted.method is None:
+        result.notes.append(f"fetch stall not measured: {evicted.note}")
+        result.runs["cold"] = None
+        result.throughput["cold"] = result.throughput_ci95_pct["cold"] = None
+    else:
+        result.fetch_method = evicted.method
+        cold = run("cold", first_pass=True)
+        s = cold.summary
+        if (s.get("measured_steps") or 0) < MIN_COLD_STEPS or not s.get("throughput_samples_per_s"):
+            result.notes.append(
+                f"fetch stall not measured: the first pass over the loader had "
+                f"{s.get('measured_steps') or 0} steps after the tracker's warm-up, fewer than "
+                f"{MIN_COLD_STEPS}; give a larger dataset (the cold run {cold.run_id} is stored)"
+            )
+            result.throughput["cold"] = result.throughput_ci95_pct["cold"] = None
+            cold = None
+        else:
+            result.notes.append(
+                f"cold run: {evicted.method} left {100 * (evicted.resident_after or 0):.1f}% of "
+                "the data cached; only the first pass over the loader is timed (each file read "
+                "once)"
+            )
+            cold_loader = s.get("loader") or {}
+            if not cold_loader.get("passes_completed") and (s.get("samples_total") or 0) > len(
+                files
+            ):
+                result.notes.append(
+                    f"the cold run's loader never ended a pass and the script read "
+                    f"{s['samples_total']} samples from {len(files)} files: some reads may have "
+                    "been warm, so the fetch stall may be low"
+                )
+
+    for kind in ("multi_gpu", "multi_gpu_socket"):
+        result.runs.setdefault(kind, None)
+        result.throughput.setdefault(kind, None)
+        result.throughput_ci95_pct.setdefault(kind, None)
+    result.notes.append(
+        "interconnect and network stalls not measured for a command: they need N-GPU runs "
+        "that gpulens launches itself (gpulens stalls WORKLOAD --gpus N)"
+    )
+
+    m_free, m_cached = _measured(free), _measured(cached)
+    m_cold = _measured(cold)
+    result.breakdown_pct, result.breakdown_ci95_pp = breakdown(m_free, m_cached, m_cold)
+    if m_free.per_sample_s > m_cached.per_sample_s + m_cached.half_width_s + m_free.half_width_s:
+        result.notes.append(
+            "the ingestion-free run was slower than the cached run: the prep stall is shown as "
+            "0; the script may do per-batch work that does not depend on the loader"
+        )
+
+    phases = cached.summary.get("phases_s") or {}
+    step_s, wait_s = phases.get("step"), phases.get("data_wait")
+    wait_pct = 100.0 * wait_s / step_s if step_s and wait_s is not None else None
+    result.single_run_estimate_pct = {
+        "data_wait": wait_pct,
+        "prep_stages": None,
+        "workers_starved": None,
+        "explanation": "a script's loader is timed as a whole: per-stage prep timing (read, "
+        "decode, augment, collate) and worker starvation need a built-in workload",
+        "from_run": cached.run_id,
+    }
+
+    workers = cached_loader.get("num_workers")
+    current = result.throughput.get("cold") or result.throughput["cached"]
+    result.what_if = what_if(
+        m_free, m_cached, m_cold, workers if workers is not None else 1, os.cpu_count() or 1,
+        sum(sizes) / len(sizes), None,
+    )  # fmt: skip
+    if workers is None:
+        result.what_if.pop("workers", None)
+        result.what_if.pop("storage", None)
+        result.notes.append(
+            "what-if for data-loader workers and storage skipped: the number of loader workers "
+            "is unknown (tracker.data() was not given a torch DataLoader)"
+        )
+    elif workers == 0:
+        result.notes.append(
+            "the DataLoader has num_workers=0 (loading inside the training loop): the what-if "
+            "counts the cached run's whole time per sample as loading time, so its gains from "
+            "more workers are a lower bound"
+        )
+    result.recommendations = recommend(result.breakdown_pct, result.what_if, current, workers or 0)
+    return result
