@@ -162,7 +162,8 @@ def run(
         1, "--gpus", help="Data-parallel (DDP) over N GPUs, one process each, same per-GPU batch."
     ),
     nccl_transport: str = typer.Option(
-        "default", "--nccl-transport",
+        "default",
+        "--nccl-transport",
         help="With --gpus N: 'default' (P2P/NVLink) or 'socket' (NCCL over TCP, as between hosts).",
     ),  # fmt: skip
     ddp_bucket_mb: float = typer.Option(None, "--ddp-bucket-mb", help="DDP bucket size [25]."),
@@ -273,11 +274,19 @@ class _CommandFailed(GpulensError):
 @app.command(
     help="Break a training job's time into compute, prep (CPU) stall and fetch (storage) stall "
     "by differential runs: ingestion-free, page-cache-warm and cold. Every run is stored.\n\n"
-    "  gpulens stalls resnet50 --data ./images --workers 15 --precision bf16"
+    "Give a built-in WORKLOAD, or after `--` a command whose script uses gpulens.track().\n\n"
+    "  gpulens stalls resnet50 --data ./images --workers 15 --precision bf16\n\n"
+    "  gpulens stalls --data ./images -- python train.py --epochs 2"
 )
 def stalls(
-    workload: str = typer.Argument(..., help="A built-in workload (see `gpulens workloads`)."),
-    data: str = typer.Option(..., "--data", help="On-disk dataset (gpulens data make ...)."),
+    target: list[str] = typer.Argument(
+        None,
+        help="A built-in workload (see `gpulens workloads`) or, after --, a command whose "
+        "script wraps its loader in gpulens.track().data(...).",
+    ),
+    data: str = typer.Option(
+        ..., "--data", help="On-disk dataset (gpulens data make ...), or the one the script reads."
+    ),
     gpus: int = typer.Option(1, "--gpus", help="GPUs for the interconnect/network part."),
     workers: int = typer.Option(None, "--workers", help="Data-loader processes."),
     batch_size: int = typer.Option(None, "--batch-size", "-b", help="Samples per step."),
@@ -296,18 +305,56 @@ def stalls(
 ) -> None:
     from gpulens.experiments.stalls import StallsConfig, run_stalls
     from gpulens.report.terminal import render_stalls
+    from gpulens.workloads.models import list_workloads
 
-    config = StallsConfig(
-        workload=workload, data=data, gpus=gpus, batch_size=batch_size, workers=workers,
-        device=device, precision=precision, until_ci_pct=until_ci, max_duration_s=max_duration,
-        storage_latency_s=storage_latency_ms / 1000.0,
-        storage_bandwidth_bytes_per_s=_mb_per_s_to_bytes(storage_bandwidth_mbps),
-    )  # fmt: skip
-    with _progress(json_out) as progress:
-        task = progress.add_task("stalls", total=None)
-        result = run_stalls(
-            config, runs_dir(), progress=lambda msg: progress.update(task, description=msg)
+    target = target or []
+    if not target:
+        raise UsageError(
+            "give a built-in workload (see `gpulens workloads`) or a command after --: "
+            "gpulens stalls --data PATH -- python train.py ..."
         )
+    known = {w.name for w in list_workloads()}
+    runnable = shutil.which(target[0]) is not None or Path(target[0]).exists()
+    if len(target) > 1 and target[0] in known and not runnable:
+        raise UsageError(f"give either the workload '{target[0]}' or a command after --, not both")
+    if len(target) == 1 and target[0] not in known and not runnable and "--" not in sys.argv:
+        raise UsageError(
+            f"unknown workload '{target[0]}'; choose one of: {', '.join(sorted(known))} "
+            "(or give a command after --)"
+        )
+    if len(target) > 1 or target[0] not in known:
+        given = {
+            "--workers": workers, "--batch-size": batch_size, "--device": device,
+            "--storage-bandwidth-mbps": storage_bandwidth_mbps,
+        }  # fmt: skip
+        extra = [k for k, v in given.items() if v is not None]
+        extra += [k for k, bad in (
+            ("--gpus", gpus != 1), ("--precision", precision != "fp32"),
+            ("--until-ci", until_ci != 3.0), ("--max-duration", max_duration != 60.0),
+            ("--storage-latency-ms", storage_latency_ms != 0.0),
+        ) if bad]  # fmt: skip
+        if extra:
+            raise UsageError(
+                f"{', '.join(extra)} apply to built-in workloads only; pass your script's own "
+                "options after --"
+            )
+        from gpulens.experiments.stalls_command import run_stalls_command
+
+        result = run_stalls_command(
+            target, data, runs_dir(), progress=lambda msg: err.print(f"[dim]stalls: {msg}[/dim]")
+        )
+    else:
+        config = StallsConfig(
+            workload=target[0], data=data, gpus=gpus, batch_size=batch_size, workers=workers,
+            device=device, precision=precision, until_ci_pct=until_ci,
+            max_duration_s=max_duration, storage_latency_s=storage_latency_ms / 1000.0,
+            storage_bandwidth_bytes_per_s=_mb_per_s_to_bytes(storage_bandwidth_mbps),
+        )  # fmt: skip
+        with _progress(json_out) as progress:
+            task = progress.add_task("stalls", total=None)
+            result = run_stalls(
+                config, runs_dir(), progress=lambda msg: progress.update(task, description=msg)
+            )
     for run_id in result.runs.values():
         if run_id:
             _store(runs_dir() / run_id, store)
@@ -316,6 +363,106 @@ def stalls(
         _emit_json(doc)
     else:
         render_stalls(out, doc)
+
+
+# ---------------------------------------------------------------------------------- colocate
+def _csv(text: str, what: str, cast=str) -> tuple:
+    try:
+        return tuple(cast(x.strip()) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise UsageError(f"{what}: give comma-separated numbers, e.g. 25,50,100") from None
+
+
+@app.command(
+    help="Run jobs alone and together on one GPU under time-slicing, CUDA streams, MPS and MIG; "
+    "report throughput alone and together, slowdown, step-time p50/p99, peak memory, combined "
+    "throughput, fairness and energy, and recommend one.\n\n"
+    "A JOB is WORKLOAD[:batch=N,precision=bf16,name=X] (training), "
+    "infer:WORKLOAD[:batch=1,rate=R] (inference; rate = requests/s, else closed loop) or "
+    "'cmd:COMMAND ARGS' (throughput = runs per second).\n\n"
+    "  gpulens colocate resnet18:batch=64 resnet50:batch=64 --mps-thread-pct 25,50,100\n\n"
+    "  gpulens colocate resnet18:batch=64 infer:resnet50:rate=100 --mechanisms streams,mps\n\n"
+    "  gpulens colocate --plan resnet18:batch=64 resnet18:batch=64 resnet50:batch=64"
+)
+def colocate(
+    jobs: list[str] = typer.Argument(None, help="Two or more jobs (see above)."),
+    mechanisms: str = typer.Option(
+        "time-slice,streams,mps,mig", "--mechanisms", help="Comma-separated mechanisms."
+    ),
+    mps_thread_pct: str = typer.Option(
+        "25,50,100", "--mps-thread-pct", help="MPS active-thread percentages to sweep."
+    ),
+    mps_limit: str = typer.Option(
+        "auto",
+        "--mps-limit",
+        help="Whom the MPS thread limit applies to: all, train, or auto "
+        "(train when inference is in the mix).",
+    ),
+    mps_mem_limit: str = typer.Option(
+        None, "--mps-mem-limit", help="Pinned device memory limit per MPS client, e.g. 20G."
+    ),
+    priorities: bool = typer.Option(
+        True,
+        "--priorities/--no-priorities",
+        help="With inference and training mixed, also run streams with inference at high priority.",
+    ),
+    duration: float = typer.Option(15.0, "--duration", help="Measured seconds per run."),
+    warmup: float = typer.Option(3.0, "--warmup", help="Warm-up seconds before each run."),
+    device: str = typer.Option(None, "--device", help="cuda:N or cpu [cuda:0 if present]."),
+    max_slowdown: float = typer.Option(
+        None,
+        "--max-slowdown",
+        help="Cap per job: alone/together throughput (1.5 = keeps 2/3 of its speed).",
+    ),
+    plan_mode: bool = typer.Option(
+        False, "--plan", help="Plan groupings for JOBs from collocations measured before."
+    ),
+    from_files: list[Path] = typer.Option(
+        None, "--from", help="With --plan: also read results from this JSON file (repeatable)."
+    ),
+    name: str = typer.Option(None, "--name", help="A name for the run."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
+) -> None:
+    from gpulens.workloads.colocate_job import parse_job, unique_names
+
+    specs = unique_names([parse_job(j) for j in jobs or []])
+    if plan_mode:
+        from gpulens.experiments.colocate_plan import load_docs, plan
+        from gpulens.report.colocate import render_plan
+
+        if max_slowdown is not None and max_slowdown < 1:
+            raise UsageError(f"--max-slowdown is a factor >= 1, got {max_slowdown:g}")
+        docs = load_docs(runs_dir(), list(from_files or []))
+        if not docs:
+            raise UsageError(
+                "no collocation results to plan from: run `gpulens colocate JOB JOB` first "
+                "(or give --from FILE)"
+            )
+        doc = plan(specs, docs, max_slowdown)
+        if json_out:
+            _emit_json(doc)
+        else:
+            render_plan(out, doc)
+        return
+
+    from gpulens.experiments.colocate import ColocateConfig, run_colocate
+    from gpulens.report.colocate import render_colocate
+
+    config = ColocateConfig(
+        jobs=specs, mechanisms=_csv(mechanisms, "--mechanisms"),
+        mps_thread_pcts=_csv(mps_thread_pct, "--mps-thread-pct", float),
+        mps_limit_target=mps_limit, mps_mem_limit=mps_mem_limit, stream_priorities=priorities,
+        duration_s=duration, warmup_s=warmup, device=device, max_slowdown=max_slowdown, name=name,
+    )  # fmt: skip
+    with _progress(json_out) as progress:
+        task = progress.add_task("colocate", total=None)
+        doc = run_colocate(
+            config, runs_dir(), progress=lambda msg: progress.update(task, description=msg)
+        )
+    if json_out:
+        _emit_json(doc)
+    else:
+        render_colocate(out, doc)
 
 
 # -------------------------------------------------------------------------------------- demo

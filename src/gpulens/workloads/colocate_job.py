@@ -1,0 +1,492 @@
+"""Jobs for ``gpulens colocate``: a built-in training or inference loop run for a fixed time.
+
+One process runs one job (time-slice, MPS, MIG) or several jobs, each in its own thread on its
+own CUDA stream (streams). The parent starts the processes, waits until every job has built its
+model and warmed up (each process writes ``ready_file``), then writes ``go_file`` with a common
+start time; every job measures from then for ``duration_s`` and the process writes one JSON
+document to ``result_file``. Per-step times are synchronised on the job's own stream only, so
+they are true step times even when other work shares the GPU.
+
+    python -m gpulens.workloads.colocate_job SPEC.json
+
+Job syntax (parsed by :func:`parse_job`):
+
+- ``resnet18`` or ``resnet18:batch=64,precision=bf16`` or ``train:resnet18:batch=64``: training
+- ``infer:resnet50:batch=1,rate=200``: inference, ``rate`` requests/s at constant arrivals
+  (latency counts from the scheduled arrival), closed loop without ``rate``
+- ``cmd:python train.py --epochs 1``: any command; its throughput is runs per second (1/wall)
+- every built-in job takes ``name=...``; a name must be unique within one experiment
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shlex
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from gpulens.errors import UsageError
+
+log = logging.getLogger(__name__)
+
+KINDS = ("train", "infer", "cmd")
+PRECISIONS = ("fp32", "bf16", "fp16")
+MIN_WARMUP_STEPS = 3
+OOM_EXIT_CODE = 3
+FAIL_EXIT_CODE = 4
+GO_POLL_S = 0.002
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One job of a collocation experiment. ``key`` identifies what runs (without the name)."""
+
+    kind: str
+    workload: str | None = None
+    batch_size: int | None = None
+    precision: str = "fp32"
+    rate_per_s: float | None = None
+    command: tuple[str, ...] = ()
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise UsageError(f"unknown job kind {self.kind!r}: use train, infer or cmd")
+        if self.kind == "cmd":
+            if not self.command:
+                raise UsageError("a cmd: job needs a command, e.g. 'cmd:python train.py'")
+            return
+        from gpulens.workloads.models import get_workload
+
+        spec = get_workload(self.workload or "")
+        if self.batch_size is not None and self.batch_size <= 0:
+            raise UsageError(f"job {self.workload}: batch must be a positive integer")
+        if self.precision not in PRECISIONS:
+            raise UsageError(
+                f"job {self.workload}: unknown precision {self.precision!r}; "
+                f"use one of {', '.join(PRECISIONS)}"
+            )
+        if self.rate_per_s is not None and (self.kind != "infer" or self.rate_per_s <= 0):
+            raise UsageError("rate= is for infer: jobs and must be positive requests per second")
+        if self.batch_size is None:
+            default = 1 if self.kind == "infer" else spec.default_batch_size
+            object.__setattr__(self, "batch_size", default)
+        if not self.name:
+            object.__setattr__(self, "name", self.workload if self.kind == "train" else
+                               f"{self.kind}-{self.workload}")  # fmt: skip
+
+    @property
+    def builtin(self) -> bool:
+        return self.kind != "cmd"
+
+    @property
+    def key(self) -> str:
+        """Canonical description without the name: equal keys run the same thing."""
+        if self.kind == "cmd":
+            return "cmd:" + shlex.join(self.command)
+        opts = f"batch={self.batch_size},precision={self.precision}"
+        if self.rate_per_s is not None:
+            opts += f",rate={self.rate_per_s:g}"
+        return f"{self.kind}:{self.workload}:{opts}"
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["command"] = list(self.command)
+        d["key"] = self.key
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> JobSpec:
+        return cls(
+            kind=d["kind"], workload=d.get("workload"), batch_size=d.get("batch_size"),
+            precision=d.get("precision", "fp32"), rate_per_s=d.get("rate_per_s"),
+            command=tuple(d.get("command") or ()), name=d.get("name") or "",
+        )  # fmt: skip
+
+
+_OPTION_NAMES = {"batch", "precision", "rate", "name"}
+
+
+def parse_job(text: str) -> JobSpec:
+    """``[train:|infer:]WORKLOAD[:k=v,...]`` or ``cmd:COMMAND``; see the module docstring."""
+    text = text.strip()
+    if not text:
+        raise UsageError("an empty job: give e.g. resnet18:batch=64 or infer:resnet50")
+    if text.startswith("cmd:"):
+        argv = shlex.split(text[4:])
+        name = Path(argv[0]).name if argv else ""
+        return JobSpec("cmd", command=tuple(argv), name=name)
+    parts = text.split(":")
+    kind = "train"
+    if parts[0] in ("train", "infer"):
+        kind, parts = parts[0], parts[1:]
+    if not parts or len(parts) > 2 or not parts[0]:
+        raise UsageError(
+            f"cannot read job {text!r}: use WORKLOAD[:batch=N,precision=bf16], "
+            "infer:WORKLOAD[:batch=1,rate=R] or cmd:COMMAND"
+        )
+    opts: dict[str, str] = {}
+    if len(parts) == 2 and parts[1]:
+        for item in parts[1].split(","):
+            k, sep, v = item.partition("=")
+            if not sep or k not in _OPTION_NAMES or not v:
+                raise UsageError(
+                    f"job {text!r}: bad option {item!r}; options are "
+                    f"{', '.join(sorted(_OPTION_NAMES))} as key=value"
+                )
+            opts[k] = v
+    try:
+        batch = int(opts["batch"]) if "batch" in opts else None
+        rate = float(opts["rate"]) if "rate" in opts else None
+    except ValueError:
+        raise UsageError(f"job {text!r}: batch must be an integer and rate a number") from None
+    return JobSpec(
+        kind, parts[0], batch_size=batch, precision=opts.get("precision", "fp32"),
+        rate_per_s=rate, name=opts.get("name", ""),
+    )  # fmt: skip
+
+
+def unique_names(jobs: list[JobSpec]) -> list[JobSpec]:
+    """Give repeated names a suffix: resnet18, resnet18 -> resnet18#1, resnet18#2."""
+    counts: dict[str, int] = {}
+    for j in jobs:
+        counts[j.name] = counts.get(j.name, 0) + 1
+    seen: dict[str, int] = {}
+    out = []
+    for j in jobs:
+        if counts[j.name] > 1:
+            seen[j.name] = seen.get(j.name, 0) + 1
+            j = replace(j, name=f"{j.name}#{seen[j.name]}")
+        out.append(j)
+    return out
+
+
+# ------------------------------------------------------------------------------ process side
+@dataclass
+class ProcessSpec:
+    """What one job process runs (written as JSON by the parent)."""
+
+    jobs: list[dict[str, Any]]
+    device: str
+    duration_s: float
+    warmup_s: float
+    ready_file: str
+    go_file: str
+    result_file: str
+    stream_priorities: list[int | None] = field(default_factory=list)
+    cpu_threads: int | None = None
+    seed: int = 0
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Linear-interpolated percentile (numpy's default) of a non-empty list; None if empty."""
+    if not values:
+        return None
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+class _Job:
+    """One built-in job's model, data and step function, on its own stream."""
+
+    def __init__(self, job: JobSpec, device, priority: int | None, seed: int):
+        import torch
+
+        from gpulens.workloads.models import get_workload
+
+        self.job = job
+        self.device = device
+        self.cuda = device.type == "cuda"
+        spec = get_workload(job.workload or "")
+        self.spec = spec
+        torch.manual_seed(seed)
+        self.stream = None
+        if self.cuda:
+            self.stream = (
+                torch.cuda.Stream(device=device, priority=priority)
+                if priority is not None
+                else torch.cuda.Stream(device=device)
+            )
+        batch = job.batch_size or spec.default_batch_size
+        self.samples_per_step = batch
+        g = torch.Generator().manual_seed(seed)
+        with self._on_stream():
+            model = spec.build().to(device)
+            image = spec.task == "image_classification" and self.cuda
+            if image:
+                model = model.to(memory_format=torch.channels_last)
+            if spec.is_language_model:
+                tokens = torch.randint(0, spec.vocab_size, (batch, spec.input_shape[0] + 1),
+                                       generator=g)  # fmt: skip
+                self.x, self.y = tokens[:, :-1].to(device), tokens[:, 1:].to(device)
+            else:
+                x = torch.randn((batch, *spec.input_shape), generator=g).to(device)
+                self.x = x.contiguous(memory_format=torch.channels_last) if image else x
+                self.y = torch.randint(0, spec.num_classes, (batch,), generator=g).to(device)
+        self.model = model
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(job.precision)
+        self.autocast = (
+            (lambda: torch.autocast(device_type=device.type, dtype=dtype))
+            if dtype is not None
+            else None
+        )
+        if job.kind == "train":
+            model.train()
+            if spec.is_language_model:
+                self.opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+            else:
+                self.opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+            self.scaler = torch.amp.GradScaler(device.type) if job.precision == "fp16" else None
+        else:
+            model.eval()
+        self.step_times_s: list[float] = []
+        self.samples = 0
+        self.error: str | None = None
+        self.error_kind: str | None = None
+        self.peak_mem_bytes: int | None = None
+        self.window_s: float | None = None
+
+    def _on_stream(self):
+        import contextlib
+
+        import torch
+
+        return torch.cuda.stream(self.stream) if self.stream is not None else \
+            contextlib.nullcontext()  # fmt: skip
+
+    def step(self) -> None:
+        import contextlib
+
+        import torch
+
+        ctx = self.autocast() if self.autocast else contextlib.nullcontext()
+        if self.job.kind == "infer":
+            with torch.inference_mode(), ctx:
+                self.model(self.x)
+        else:
+            with ctx:
+                loss = self.spec.loss(self.model(self.x), self.y)
+            if self.scaler is not None:
+                self.scaler.scale(loss).backward()
+                self.scaler.step(self.opt)
+                self.scaler.update()
+            else:
+                loss.backward()
+                self.opt.step()
+            self.opt.zero_grad(set_to_none=True)
+        if self.stream is not None:
+            self.stream.synchronize()
+
+    def run(self, warmup_s: float, ready: threading.Event, go: threading.Event,
+            deadline: list[float]) -> None:  # fmt: skip
+        import torch
+
+        try:
+            if self.cuda:
+                torch.cuda.set_device(self.device)
+            with self._on_stream():
+                t0 = time.perf_counter()
+                n = 0
+                while n < MIN_WARMUP_STEPS or time.perf_counter() - t0 < warmup_s:
+                    self.step()
+                    n += 1
+                ready.set()
+                go.wait()
+                self._measure(deadline[0])
+        except torch.cuda.OutOfMemoryError as exc:
+            self.error_kind, self.error = "oom", f"CUDA out of memory: {str(exc)[:200]}"
+        except Exception as exc:
+            self.error_kind, self.error = "failed", f"{type(exc).__name__}: {exc}"[:500]
+        finally:
+            ready.set()
+
+    def _measure(self, end_unix_s: float) -> None:
+        t0 = time.perf_counter()
+        try:
+            self._measure_loop(end_unix_s)
+        finally:
+            self.window_s = time.perf_counter() - t0
+
+    def _measure_loop(self, end_unix_s: float) -> None:
+        rate = self.job.rate_per_s
+        if rate is None:
+            while time.time() < end_unix_s:
+                t = time.perf_counter()
+                self.step()
+                self.step_times_s.append(time.perf_counter() - t)
+                self.samples += self.samples_per_step
+            return
+        # Open loop: request k arrives at start + k/rate; latency includes the wait in queue.
+        start = time.perf_counter()
+        start_unix = time.time()
+        k = 0
+        while True:
+            arrival = start + k / rate
+            if start_unix + (arrival - start) >= end_unix_s:
+                break
+            now = time.perf_counter()
+            if now < arrival:
+                time.sleep(arrival - now)
+            self.step()
+            self.step_times_s.append(time.perf_counter() - arrival)
+            self.samples += self.samples_per_step
+            k += 1
+
+    def result(self) -> dict[str, Any]:
+        times = self.step_times_s
+        window_s = self.window_s
+        return {
+            "name": self.job.name,
+            "key": self.job.key,
+            "kind": self.job.kind,
+            "steps": len(times),
+            "samples": self.samples,
+            "window_s": window_s,
+            "throughput_samples_per_s": self.samples / window_s if window_s and times else None,
+            "step_time_mean_s": sum(times) / len(times) if times else None,
+            "step_time_p50_s": percentile(times, 50),
+            "step_time_p99_s": percentile(times, 99),
+            "step_times_s": [round(t, 6) for t in times],
+            "peak_mem_bytes": self.peak_mem_bytes,
+            "error": self.error,
+            "error_kind": self.error_kind,
+        }
+
+
+def _write_json(path: str, doc: dict[str, Any]) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(doc, f)
+    os.replace(tmp, path)
+
+
+def _wait_for_go(go_file: str, parent_pid: int) -> float:
+    while True:
+        try:
+            return float(Path(go_file).read_text())
+        except (FileNotFoundError, ValueError):
+            pass
+        if os.getppid() != parent_pid:  # the parent died: do not wait forever
+            raise SystemExit("gpulens colocate: parent process is gone")
+        time.sleep(GO_POLL_S)
+
+
+def run_process(spec: ProcessSpec) -> int:
+    """Build, warm up, wait for go, measure, write the result. Returns the exit code."""
+    import torch
+
+    parent_pid = os.getppid()
+    doc: dict[str, Any] = {"pid": os.getpid(), "jobs": [], "error": None, "error_kind": None}
+    jobs: list[_Job] = []
+    try:
+        if spec.cpu_threads:
+            torch.set_num_threads(spec.cpu_threads)
+        from gpulens.workloads.devices import resolve_device
+
+        device = resolve_device(spec.device)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+            props = torch.cuda.get_device_properties(device)
+            doc["device_name"] = props.name
+            doc["device_uuid"] = str(getattr(props, "uuid", "")) or None
+            doc["device_total_mem_bytes"] = int(props.total_memory)
+        prios = spec.stream_priorities or [None] * len(spec.jobs)
+        for i, (d, prio) in enumerate(zip(spec.jobs, prios, strict=True)):
+            jobs.append(_Job(JobSpec.from_dict(d), device, prio, spec.seed + i))
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    except torch.cuda.OutOfMemoryError as exc:
+        doc.update(error=f"CUDA out of memory while building: {str(exc)[:200]}", error_kind="oom")
+        _write_json(spec.result_file, doc)
+        return OOM_EXIT_CODE
+    except Exception as exc:
+        doc.update(error=f"{type(exc).__name__}: {exc}"[:500], error_kind="failed")
+        _write_json(spec.result_file, doc)
+        return FAIL_EXIT_CODE
+
+    readies = [threading.Event() for _ in jobs]
+    go = threading.Event()
+    deadline = [0.0]
+    threads = [
+        threading.Thread(
+            target=j.run,
+            args=(spec.warmup_s, r, go, deadline),
+            daemon=True,
+            name=f"job-{j.job.name}",
+        )  # fmt: skip
+        for j, r in zip(jobs, readies, strict=True)
+    ]
+    for t in threads:
+        t.start()
+    for r in readies:
+        r.wait()
+    early = [j for j in jobs if j.error]
+    Path(spec.ready_file).write_text(json.dumps({"errors": [j.error for j in early]}))
+    if not early:
+        start = _wait_for_go(spec.go_file, parent_pid)
+        deadline[0] = start + spec.duration_s
+    else:
+        deadline[0] = 0.0
+    go.set()
+    for t in threads:
+        t.join()
+    cuda = jobs and jobs[0].cuda
+    process_peak = int(torch.cuda.max_memory_reserved()) if cuda else None
+    if len(jobs) == 1 and cuda:
+        jobs[0].peak_mem_bytes = process_peak
+    doc["process_peak_mem_bytes"] = process_peak
+    doc["jobs"] = [j.result() for j in jobs]
+    kinds = {j.error_kind for j in jobs if j.error_kind}
+    if kinds:
+        doc["error_kind"] = "oom" if "oom" in kinds else "failed"
+        doc["error"] = "; ".join(f"{j.job.name}: {j.error}" for j in jobs if j.error)
+    _write_json(spec.result_file, doc)
+    return OOM_EXIT_CODE if doc["error_kind"] == "oom" else FAIL_EXIT_CODE if kinds else 0
+
+
+def probe_device(device: str | None) -> dict[str, Any]:
+    """What ``device`` is (name, UUID, memory), as the jobs will see it."""
+    import torch
+
+    from gpulens.workloads.devices import resolve_device
+
+    dev = resolve_device(device)
+    if dev.type != "cuda":
+        return {"device": "cpu"}
+    props = torch.cuda.get_device_properties(dev)
+    uuid = str(getattr(props, "uuid", "") or "")
+    return {
+        "device": str(dev),
+        "name": props.name,
+        "uuid": uuid and (uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"),
+        "memory_total_bytes": int(props.total_memory),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) == 2 and args[0] == "--probe":
+        try:
+            print(json.dumps(probe_device(None if args[1] == "auto" else args[1])))
+        except UsageError as exc:
+            print(json.dumps({"error": str(exc)}))
+        return 0
+    if len(args) != 1:
+        print("usage: python -m gpulens.workloads.colocate_job SPEC.json", file=sys.stderr)
+        return 2
+    spec = ProcessSpec(**json.loads(Path(args[0]).read_text()))
+    return run_process(spec)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,341 @@
+"""gpulens colocate on CPU: job syntax, result arithmetic, fit checks, planning, the CLI."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+
+import pytest
+
+from gpulens.cli import main
+from gpulens.errors import UsageError
+from gpulens.experiments.colocate import (
+    CONTEXT_BYTES,
+    ColocateConfig,
+    jain_index,
+    memory_fit,
+    normalized_throughputs,
+    recommend,
+    slowdown,
+    summarize_result,
+)
+from gpulens.experiments.colocate_plan import (
+    best_options,
+    exhaustive_plan,
+    greedy_plan,
+    options_from_docs,
+    plan,
+)
+from gpulens.workloads.colocate_job import JobSpec, parse_job, percentile, unique_names
+
+CONTRACT_TOP = {"gpu", "jobs", "results", "recommendation"}
+CONTRACT_RESULT = {
+    "mechanism", "setting", "fits", "jobs", "normalized_aggregate_throughput", "jain_fairness",
+    "energy_per_sample_j",
+}  # fmt: skip
+CONTRACT_JOB = {
+    "name", "throughput_alone", "throughput_together", "slowdown", "step_time_p99_s",
+    "peak_mem_bytes",
+}  # fmt: skip
+
+
+def run_cli(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+# ------------------------------------------------------------------------------- job syntax
+def test_parse_jobs():
+    j = parse_job("resnet18:batch=64,precision=bf16")
+    assert (j.kind, j.workload, j.batch_size, j.precision) == ("train", "resnet18", 64, "bf16")
+    assert j.key == "train:resnet18:batch=64,precision=bf16"
+    assert parse_job("resnet50").batch_size == 128  # the workload's default
+    i = parse_job("infer:resnet50:rate=100")
+    assert (i.kind, i.batch_size, i.rate_per_s, i.name) == ("infer", 1, 100.0, "infer-resnet50")
+    c = parse_job("cmd:python train.py --epochs 1")
+    assert c.kind == "cmd" and c.command == ("python", "train.py", "--epochs", "1")
+    assert JobSpec.from_dict(j.to_dict()) == j
+    names = [x.name for x in unique_names([parse_job("tiny_cnn")] * 2 + [parse_job("resnet18")])]
+    assert names == ["tiny_cnn#1", "tiny_cnn#2", "resnet18"]
+
+
+@pytest.mark.parametrize(
+    "text", ["nosuchmodel", "resnet18:batch=0", "resnet18:bogus=1", "resnet18:precision=fp8",
+             "train:resnet18:rate=5", "resnet18:batch=x", "cmd:", "a:b:c:d"],
+)  # fmt: skip
+def test_bad_jobs_are_usage_errors(text):
+    with pytest.raises(UsageError):
+        parse_job(text)
+
+
+def test_config_validation():
+    two = [parse_job("tiny_cnn"), parse_job("tiny_cnn")]
+    with pytest.raises(UsageError, match="two jobs"):
+        ColocateConfig(jobs=two[:1])
+    with pytest.raises(UsageError, match="mechanism"):
+        ColocateConfig(jobs=two, mechanisms=("gang",))
+    with pytest.raises(UsageError, match="thread"):
+        ColocateConfig(jobs=two, mps_thread_pcts=(0,))
+    with pytest.raises(UsageError, match="max-slowdown"):
+        ColocateConfig(jobs=two, max_slowdown=0.5)
+    with pytest.raises(UsageError, match="8G"):
+        ColocateConfig(jobs=two, mps_mem_limit="lots")
+    assert [j.name for j in ColocateConfig(jobs=two).jobs] == ["tiny_cnn#1", "tiny_cnn#2"]
+
+
+# ------------------------------------------------------------------------------- arithmetic
+def test_result_arithmetic():
+    assert slowdown(100.0, 50.0) == 2.0
+    assert slowdown(None, 50.0) is None and slowdown(100.0, None) is None
+    assert normalized_throughputs([(100.0, 80.0), (50.0, 40.0)]) == [0.8, 0.8]
+    assert normalized_throughputs([(100.0, None)]) is None
+    assert jain_index([0.8, 0.8]) == pytest.approx(1.0)
+    assert jain_index([1.0, 0.0]) == pytest.approx(0.5)
+    assert jain_index([1.0, 0.0, 0.0, 0.0]) == pytest.approx(0.25)
+    assert jain_index([0.9, 0.3]) == pytest.approx(1.2**2 / (2 * (0.81 + 0.09)))
+    r = summarize_result({"jobs": [
+        {"throughput_alone": 100.0, "throughput_together": 80.0},
+        {"throughput_alone": 200.0, "throughput_together": 100.0},
+    ]})  # fmt: skip
+    assert r["normalized_aggregate_throughput"] == pytest.approx(1.3)
+    assert r["jain_fairness"] == pytest.approx(1.3**2 / (2 * (0.64 + 0.25)))
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
+    assert percentile(list(range(101)), 99) == pytest.approx(99.0)
+    assert percentile([], 99) is None
+
+
+def test_memory_fit():
+    gib = 2**30
+    fits, needed, why = memory_fit([10 * gib, 20 * gib], 80 * gib, processes=2)
+    assert fits is True and needed == 30 * gib + 2 * CONTEXT_BYTES and why is None
+    fits, needed, why = memory_fit([40 * gib, 39 * gib], 80 * gib, processes=2)
+    assert fits is False and "does not fit" in why and "80.0 GiB" in why
+    # one process (streams) saves a context: fits where two processes would not
+    peaks = [39 * gib, 38 * gib]
+    assert memory_fit(peaks, 80 * gib, processes=1)[0] is True
+    assert memory_fit(peaks, 80 * gib, processes=3)[0] is False
+    assert memory_fit([None, gib], 80 * gib, processes=2)[0] is None  # cannot tell
+    assert memory_fit([gib], None, processes=1)[0] is None
+
+
+def _result(mech, setting, jobs, status="ok"):
+    return summarize_result({
+        "mechanism": mech, "setting": setting, "status": status, "fits": True,
+        "jobs": [{"name": n, "key": k, "kind": kind, "throughput_alone": a,
+                  "throughput_together": t, "slowdown": slowdown(a, t),
+                  "step_time_p99_s": p99, "step_time_p99_alone_s": p99a}
+                 for n, k, kind, a, t, p99, p99a in jobs],
+    })  # fmt: skip
+
+
+def test_recommendation_picks_best_within_cap():
+    ts = _result(
+        "time-slice",
+        "default",
+        [("a", "A", "train", 100, 70, None, None), ("b", "B", "train", 100, 70, None, None)],
+    )
+    mps = _result(
+        "mps",
+        "thread_pct=50",
+        [("a", "A", "train", 100, 90, None, None), ("b", "B", "train", 100, 65, None, None)],
+    )
+    failed = _result(
+        "streams",
+        "default",
+        [("a", "A", "train", 100, None, None, None), ("b", "B", "train", 100, None, None, None)],
+        "failed",
+    )
+    doc = {"jobs": [{"name": "a"}, {"name": "b"}], "results": [ts, mps, failed]}
+    text = recommend(doc)
+    assert text.startswith("run a and b together under MPS (thread_pct=50): 1.55x")
+    assert "b slows 35%" in text
+    # a cap of 1.5x excludes MPS (b at 1.54x) and leaves time-slicing
+    assert "time-slicing: 1.40x" in recommend(doc, max_slowdown=1.5)
+    assert "separate GPUs" in recommend(doc, max_slowdown=1.05)
+
+
+def test_recommendation_mentions_inference_latency():
+    r = _result(
+        "streams",
+        "inference high priority",
+        [("t", "T", "train", 100, 80, 0.02, 0.02), ("i", "I", "infer", 50, 50, 0.012, 0.004)],
+    )
+    text = recommend({"jobs": [{"name": "t"}, {"name": "i"}], "results": [r]})
+    assert "1.80x" in text and "i p99 latency 4.0 ms alone, 12.0 ms together" in text
+
+
+# ------------------------------------------------------------------------------- planning
+def _doc(results, run_id="r1"):
+    return {"gpu": None, "jobs": [], "results": results, "recommendation": "", "run_id": run_id}
+
+
+def _pair(mech, setting, ka, kb, na, nb):
+    """A measured pair whose jobs reach ``na`` and ``nb`` of their alone throughput."""
+    return _result(
+        mech,
+        setting,
+        [
+            ("a", ka, "train", 100.0, 100.0 * na, None, None),
+            ("b", kb, "train", 100.0, 100.0 * nb, None, None),
+        ],
+    )
+
+
+def _jobs(*keys):
+    """JobSpecs whose keys are the given letters (cmd jobs: cheap, no workload lookup)."""
+    return unique_names([JobSpec("cmd", command=(k,), name=k) for k in keys])
+
+
+def _k(letter):
+    return f"cmd:{letter}"
+
+
+def test_plan_greedy_vs_exhaustive():
+    A, C = _k("A"), _k("C")
+    docs = [_doc([
+        _pair("mps", "thread_pct=50", A, A, 0.8, 0.8),  # AA: 1.6
+        _pair("time-slice", "default", C, C, 0.55, 0.55),  # CC: 1.1
+        _pair("mps", "thread_pct=100", A, C, 0.75, 0.75),  # AC: 1.5
+    ])]  # fmt: skip
+    out = plan(_jobs("A", "A", "C", "C"), docs)
+    # greedy takes AA (1.6) first, leaving CC (1.1): 2.7 on 2 GPUs; best is AC + AC: 3.0
+    assert out["plan"]["gpus"] == 2
+    assert out["plan"]["normalized_throughput"] == pytest.approx(2.7)
+    assert out["exhaustive"]["normalized_throughput"] == pytest.approx(3.0)
+    assert out["quality"] == pytest.approx(2.7 / 3.0)
+    assert all(g["mechanism"] == "mps" for g in out["exhaustive"]["groups"])
+    assert sorted(n for g in out["exhaustive"]["groups"] for n in g["jobs"]) == [
+        "A#1", "A#2", "C#1", "C#2"]  # fmt: skip
+    assert out["missing_pairs"] == []
+    assert "% of the best found by exhaustive search" in out["recommendation"]
+
+
+def test_plan_respects_slowdown_cap_and_reports_missing_pairs():
+    A, B = _k("A"), _k("B")
+    docs = [_doc([
+        _pair("mps", "thread_pct=50", A, B, 0.95, 0.6),  # 1.55, B slows 1.67x
+        _pair("time-slice", "default", A, B, 0.6, 0.6),  # 1.2, both 1.67x
+        _pair("streams", "default", A, B, 0.7, 0.7),  # 1.4, both 1.43x
+    ])]  # fmt: skip
+    free = plan(_jobs("A", "B"), docs)
+    assert free["plan"]["groups"][0]["mechanism"] == "mps"
+    capped = plan(_jobs("A", "B"), docs, max_slowdown=1.5)
+    assert capped["plan"]["groups"][0]["mechanism"] == "streams"
+    alone = plan(_jobs("A", "B"), docs, max_slowdown=1.1)
+    assert alone["plan"]["gpus"] == 2 and alone["quality"] == pytest.approx(1.0)
+    out = plan(_jobs("A", "B", "Z"), docs)
+    assert [_k("A"), _k("Z")] in out["missing_pairs"] and "never measured" in out["recommendation"]
+
+
+def test_later_measurement_replaces_earlier():
+    A = _k("A")
+    docs = [_doc([_pair("mps", "x", A, A, 0.9, 0.9)], "old"),
+            _doc([_pair("mps", "x", A, A, 0.6, 0.6)], "new")]  # fmt: skip
+    (opt,) = options_from_docs(docs)
+    assert opt.aggregate == pytest.approx(1.2) and opt.source == "new"
+
+
+def _brute_force(keys, best):
+    """Every set partition of the job positions, the straightforward way."""
+
+    def partitions(items):
+        if not items:
+            yield []
+            return
+        first, rest = items[0], items[1:]
+        for sub in partitions(rest):
+            for i in range(len(sub)):
+                yield sub[:i] + [[first, *sub[i]]] + sub[i + 1 :]
+            yield [[first], *sub]
+
+    top = 0.0
+    for part in partitions(list(range(len(keys)))):
+        total = 0.0
+        for block in part:
+            ks = tuple(sorted(keys[i] for i in block))
+            if len(ks) == 1:
+                total += 1.0
+            elif ks in best:
+                total += best[ks].aggregate
+            else:
+                break
+        else:
+            top = max(top, total / len(part))
+    return top
+
+
+def test_exhaustive_matches_brute_force_and_beats_greedy():
+    rng = random.Random(7)
+    letters = [_k(x) for x in "ABC"]
+    for _ in range(30):
+        results = []
+        for a, b in itertools.combinations_with_replacement(letters, 2):
+            if rng.random() < 0.8:
+                results.append(_pair("mps", "p", a, b, rng.uniform(0.3, 1.0), rng.uniform(0.3, 1)))
+        if rng.random() < 0.5:
+            results.append(_result("mps", "p", [(f"x{i}", letters[0], "train", 1.0,
+                                                 rng.uniform(0.3, 0.7), None, None)
+                                                for i in range(3)]))  # fmt: skip
+        best = best_options(options_from_docs([_doc(results)]), None)
+        keys = [rng.choice(letters) for _ in range(rng.randint(2, 6))]
+
+        def per_gpu(blocks):
+            vals = [1.0 if isinstance(b, tuple) else b.aggregate for b in blocks]
+            return sum(vals) / len(vals)
+
+        ex = per_gpu(exhaustive_plan(keys, best))
+        assert ex == pytest.approx(_brute_force(keys, best))
+        assert per_gpu(greedy_plan(keys, best)) <= ex + 1e-9
+
+
+# ------------------------------------------------------------------------------------- CLI
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["colocate", "tiny_cnn"], "two jobs"),
+        (["colocate", "tiny_cnn", "tiny_cnn", "--mechanisms", "gang"], "unknown mechanism"),
+        (["colocate", "tiny_cnn", "nosuch"], "unknown workload"),
+        (["colocate", "tiny_cnn", "tiny_cnn", "--mps-thread-pct", "a,b"], "comma-separated"),
+        (["colocate", "tiny_cnn", "tiny_cnn", "--mps-thread-pct", "150"], "(0, 100]"),
+        (["colocate", "--plan", "tiny_cnn", "tiny_cnn"], "no collocation results"),
+    ],
+)
+def test_cli_errors_are_one_line(capsys, args, needle):
+    code, out, err = run_cli(capsys, *args)
+    assert code == 2 and out == ""
+    assert needle in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_cli_time_slice_end_to_end_on_cpu_and_plan_from_store(capsys, gpulens_home):
+    code, out, err = run_cli(
+        capsys, "colocate", "tiny_cnn:batch=8", "tiny_cnn:batch=8", "--device", "cpu",
+        "--mechanisms", "time-slice,streams,mps,mig", "--duration", "1.5", "--warmup", "0.3",
+        "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc.keys() >= CONTRACT_TOP and doc["gpu"] is None
+    by_mech = {r["mechanism"]: r for r in doc["results"]}
+    assert set(by_mech) == {"time-slice", "streams", "mps", "mig"}
+    for r in doc["results"]:
+        assert r.keys() >= CONTRACT_RESULT
+        for j in r["jobs"]:
+            assert j.keys() >= CONTRACT_JOB
+    ts = by_mech["time-slice"]
+    assert ts["status"] == "ok" and ts["fits"] is True
+    assert all(j["throughput_together"] > 0 and j["throughput_alone"] > 0 for j in ts["jobs"])
+    ratios = [j["throughput_together"] / j["throughput_alone"] for j in ts["jobs"]]
+    assert ts["normalized_aggregate_throughput"] == pytest.approx(sum(ratios))
+    assert ts["energy_per_sample_j"] is None  # no GPU: not measured, never 0
+    assert by_mech["mps"]["status"] == "unavailable" and "GPU" in by_mech["mps"]["error"]
+    assert by_mech["streams"]["status"] == "unavailable"
+    assert doc["recommendation"]
+    # the run is stored and --plan finds it
+    code, out, err = run_cli(capsys, "colocate", "--plan", "tiny_cnn:batch=8",
+                             "tiny_cnn:batch=8", "--json")  # fmt: skip
+    assert code == 0, err
+    p = json.loads(out)
+    assert p["measured_groups"] == 1 and p["quality"] == pytest.approx(1.0)
