@@ -329,6 +329,10 @@ def test_cli_time_slice_end_to_end_on_cpu_and_plan_from_store(capsys, gpulens_ho
     assert all(j["throughput_together"] > 0 and j["throughput_alone"] > 0 for j in ts["jobs"])
     ratios = [j["throughput_together"] / j["throughput_alone"] for j in ts["jobs"]]
     assert ts["normalized_aggregate_throughput"] == pytest.approx(sum(ratios))
+    for j in ts["jobs"]:  # every throughput carries its 95% CI; the ratio's adds both
+        a, t = j["throughput_alone_ci95_pct"], j["throughput_together_ci95_pct"]
+        assert a > 0 and t > 0
+        assert j["slowdown_ci95_pct"] == pytest.approx((a * a + t * t) ** 0.5)
     assert ts["energy_per_sample_j"] is None  # no GPU: not measured, never 0
     assert by_mech["mps"]["status"] == "unavailable" and "GPU" in by_mech["mps"]["error"]
     assert by_mech["streams"]["status"] == "unavailable"

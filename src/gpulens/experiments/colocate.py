@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import shutil
 import subprocess
@@ -576,6 +577,7 @@ class ColocateExperiment:
         samples = j.get("samples")
         res = {
             "throughput": j.get("throughput_samples_per_s") if not out.error else None,
+            "throughput_ci95_pct": j.get("throughput_ci95_pct") if not out.error else None,
             "step_time_p50_s": j.get("step_time_p50_s"),
             "step_time_p99_s": j.get("step_time_p99_s"),
             "peak_mem_bytes": j.get("peak_mem_bytes"),
@@ -604,6 +606,13 @@ class ColocateExperiment:
                 "name": job.name, "key": job.key, "kind": job.kind,
                 "throughput_alone": a.get("throughput"), "throughput_together": together,
                 "slowdown": slowdown(a.get("throughput"), together),
+                "throughput_alone_ci95_pct": a.get("throughput_ci95_pct"),
+                "throughput_together_ci95_pct": t.get("throughput_ci95_pct")
+                if out and not out.error else None,
+                # a ratio's relative CI: the two runs' relative CIs in quadrature (first order)
+                "slowdown_ci95_pct": _quadrature(
+                    a.get("throughput_ci95_pct"), t.get("throughput_ci95_pct")
+                ),
                 "step_time_p50_s": t.get("step_time_p50_s"),
                 "step_time_p99_s": t.get("step_time_p99_s"),
                 "step_time_p50_alone_s": a.get("step_time_p50_s"),
@@ -865,6 +874,7 @@ class ColocateExperiment:
         return {
             **job.to_dict(),
             "throughput_alone": a.get("throughput"),
+            "throughput_alone_ci95_pct": a.get("throughput_ci95_pct"),
             "step_time_p50_alone_s": a.get("step_time_p50_s"),
             "step_time_p99_alone_s": a.get("step_time_p99_s"),
             "peak_mem_bytes": a.get("peak_mem_bytes"),
@@ -872,6 +882,12 @@ class ColocateExperiment:
             "sm_activity_alone_pct": a.get("sm_activity_pct"),
             "error": a.get("error"),
         }
+
+
+def _quadrature(*pcts: float | None) -> float | None:
+    if any(p is None for p in pcts):
+        return None
+    return math.sqrt(sum(p * p for p in pcts))
 
 
 def run_colocate(

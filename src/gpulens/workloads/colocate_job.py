@@ -342,6 +342,16 @@ class _Job:
             self.samples += self.samples_per_step
             k += 1
 
+    def _throughput_ci95_pct(self) -> float | None:
+        """Batch-means 95% CI of the throughput; None for inference at a fixed request rate,
+        whose throughput is the rate and whose step times are latencies."""
+        from gpulens.stats import throughput_ci
+
+        if self.job.rate_per_s is not None or len(self.step_times_s) < 20:
+            return None
+        ci = throughput_ci(self.step_times_s, self.samples_per_step)
+        return ci.ci95_pct if ci is not None and math.isfinite(ci.ci95_pct) else None
+
     def result(self) -> dict[str, Any]:
         times = self.step_times_s
         window_s = self.window_s
@@ -353,6 +363,7 @@ class _Job:
             "samples": self.samples,
             "window_s": window_s,
             "throughput_samples_per_s": self.samples / window_s if window_s and times else None,
+            "throughput_ci95_pct": self._throughput_ci95_pct(),
             "step_time_mean_s": sum(times) / len(times) if times else None,
             "step_time_p50_s": percentile(times, 50),
             "step_time_p99_s": percentile(times, 99),
