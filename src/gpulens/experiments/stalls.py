@@ -297,6 +297,19 @@ def recommend(
 ProgressFn = Callable[[str], None]
 
 
+def warm_page_cache(files: list[Path], notes: list[str]) -> None:
+    """Read the dataset into the page cache; a note when RAM cannot hold it."""
+    from gpulens.workloads import pagecache
+
+    pagecache.warm(files)
+    resident = pagecache.resident_fraction(files)
+    if resident is not None and resident < 0.95:
+        notes.append(
+            f"only {100 * resident:.0f}% of the dataset stayed in the page cache (RAM too small "
+            "for it): the 'cached' run includes some storage reads"
+        )
+
+
 def _effective_transport(result: TrainResult) -> list[str] | None:
     import json
 
@@ -347,13 +360,7 @@ def run_stalls(
     batch = free.summary["batch_size"]
 
     say("warming the page cache")
-    pagecache.warm(files)
-    resident = pagecache.resident_fraction(files)
-    if resident is not None and resident < 0.95:
-        result.notes.append(
-            f"only {100 * resident:.0f}% of the dataset stayed in the page cache (RAM too small "
-            "for it): the 'cached' run includes some storage reads"
-        )
+    warm_page_cache(files, result.notes)
     cached = train("cached", data=config.data, prep_timing=True, **budget)
     workers = cached.summary.get("workers") or 0
 

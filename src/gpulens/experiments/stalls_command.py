@@ -29,6 +29,7 @@ from gpulens.experiments.stalls import (
     _measured,
     breakdown,
     recommend,
+    warm_page_cache,
     what_if,
 )
 from gpulens.launch.command import CommandResult, run_command
@@ -147,13 +148,7 @@ def run_stalls_command(
         )
 
     say("warming the page cache")
-    pagecache.warm(files)
-    resident = pagecache.resident_fraction(files)
-    if resident is not None and resident < 0.95:
-        result.notes.append(
-            f"only {100 * resident:.0f}% of the dataset stayed in the page cache (RAM too small "
-            "for it): the 'cached' run includes some storage reads"
-        )
+    warm_page_cache(files, result.notes)
     cached = run("cached")
     _check_steps(cached, "cached")
     cached_loader = cached.summary.get("loader") or {}

@@ -102,7 +102,7 @@ def _check_devices(config, world: int) -> str:
 
 def run_distributed(config, spec: WorkloadSpec, runs_root: Path, progress, kind: str):
     """``run_training`` for ``config.gpus`` > 1 processes."""
-    from gpulens.workloads.train import TrainResult, _resolve
+    from gpulens.workloads.train import TrainResult, _resolve, finishing
 
     world = config.gpus
     device_type = _check_devices(config, world)
@@ -135,17 +135,10 @@ def run_distributed(config, spec: WorkloadSpec, runs_root: Path, progress, kind:
         probes.insert(0, ProbeSpec("gpu", {"indices": nvml_indices}))
     else:
         writer.update(unsupported={"gpu": "the run used the CPU"})
-    try:
+    with finishing(writer, eff["batch_size"], device0):
         summary = _spawn_and_summarize(
             spec, eff, world, device0, writer, probes, nvml_indices, env, progress
         )
-    except KeyboardInterrupt:
-        writer.finish("killed", error="interrupted (Ctrl-C)")
-        raise
-    except BaseException as exc:
-        writer.finish("failed", error=str(exc) or type(exc).__name__)
-        raise
-    writer.finish("finished")
     return TrainResult(writer.run_id, writer.dir, summary)
 
 

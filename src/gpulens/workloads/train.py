@@ -284,10 +284,19 @@ def run_training(
         probes.insert(0, ProbeSpec("gpu", {"indices": [nvml_index]}))
     else:
         writer.update(unsupported={"gpu": "the run used the CPU"})
-    try:
+    with finishing(writer, eff["batch_size"], device):
         summary = _train(spec, eff, device, writer, probes, nvml_index, progress)
+    return TrainResult(writer.run_id, writer.dir, summary)
+
+
+@contextlib.contextmanager
+def finishing(writer: RunWriter, batch_size: int, device: torch.device | str):
+    """Close the run record on every exit path: finished, failed (an out-of-memory error
+    becomes a one-line hint) or killed by Ctrl-C."""
+    try:
+        yield
     except torch.cuda.OutOfMemoryError as exc:
-        message = oom_message(eff["batch_size"], device)
+        message = oom_message(batch_size, device)
         writer.finish("failed", error=message)
         raise RuntimeFailure(message) from exc
     except KeyboardInterrupt:
@@ -297,7 +306,6 @@ def run_training(
         writer.finish("failed", error=str(exc) or type(exc).__name__)
         raise
     writer.finish("finished")
-    return TrainResult(writer.run_id, writer.dir, summary)
 
 
 def oom_message(batch_size: int, device: torch.device | str) -> str:
