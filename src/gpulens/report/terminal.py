@@ -61,6 +61,8 @@ def render_train_summary(
         f"{summary['workload']} on {summary['device']} · {summary['precision']} · "
         f"batch {summary['batch_size']}"
     )
+    if (summary.get("processes") or 1) > 1:
+        title += f" per process ({summary['global_batch_size']} per step in all, DDP)"
     table = Table(title=title, show_header=False, title_justify="left", box=None, pad_edge=False)
     table.add_column(style="bold")
     table.add_column()
