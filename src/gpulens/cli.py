@@ -273,7 +273,9 @@ class _CommandFailed(GpulensError):
 # ------------------------------------------------------------------------------------ stalls
 @app.command(
     help="Break a training job's time into compute, prep (CPU) stall and fetch (storage) stall "
-    "by differential runs: ingestion-free, page-cache-warm and cold. Every run is stored.\n\n"
+    "by differential runs: ingestion-free, page-cache-warm and cold; with --gpus N also the "
+    "interconnect stall (N GPUs with DDP vs 1) and the network stall (NCCL on sockets vs "
+    "P2P). Every run is stored.\n\n"
     "Give a built-in WORKLOAD, or after `--` a command whose script uses gpulens.track().\n\n"
     "  gpulens stalls resnet50 --data ./images --workers 15 --precision bf16\n\n"
     "  gpulens stalls --data ./images -- python train.py --epochs 2"
@@ -287,7 +289,9 @@ def stalls(
     data: str = typer.Option(
         ..., "--data", help="On-disk dataset (gpulens data make ...), or the one the script reads."
     ),
-    gpus: int = typer.Option(1, "--gpus", help="GPUs for the interconnect/network part."),
+    gpus: int = typer.Option(
+        1, "--gpus", help="GPUs for the interconnect and network stalls (2 or more runs DDP)."
+    ),
     workers: int = typer.Option(None, "--workers", help="Data-loader processes."),
     batch_size: int = typer.Option(None, "--batch-size", "-b", help="Samples per step."),
     device: str = typer.Option(None, "--device", help="cuda:N or cpu [cuda:0 if present]."),
