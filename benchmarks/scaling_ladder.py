@@ -31,7 +31,7 @@ import torch
 
 from gpulens.experiments.stalls import _measured, breakdown
 from gpulens.predict.allreduce import calibrate_scaling, fit_ring_model
-from gpulens.workloads.distributed import transport_env
+from gpulens.workloads.distributed import free_port, transport_env
 from gpulens.workloads.models import get_workload
 from gpulens.workloads.train import TrainConfig, run_training
 
@@ -68,13 +68,9 @@ def _allreduce_rank(rank: int, world: int, port: int, env: dict, sizes, iters: i
 
 def allreduce_times(world: int, transport: str, iters: int = 10) -> list[float]:
     """Median seconds per all-reduce of each size in SIZES_BYTES over ``world`` GPUs."""
-    import socket
-
     import torch.multiprocessing as mp
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     mp.start_processes(

@@ -71,7 +71,8 @@ def read_nccl_transports(record_dir: Path) -> list[str] | None:
     return parse_nccl_transports("\n".join(texts)) if texts else None
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on the loopback now, for a process group's rendezvous."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -150,7 +151,7 @@ def _spawn_and_summarize(spec, eff, world, device0, writer, probes, nvml_indices
     writer.update(effective_config=eff)
     ctx = mp.get_context("spawn")
     messages = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     result: dict[str, Any] | None = None
     peaks: dict[int, int | None] = {}
     error: str | None = None
