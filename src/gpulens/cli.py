@@ -296,7 +296,12 @@ def stalls(
     batch_size: int = typer.Option(None, "--batch-size", "-b", help="Samples per step."),
     device: str = typer.Option(None, "--device", help="cuda:N or cpu [cuda:0 if present]."),
     precision: str = typer.Option("fp32", "--precision", help="fp32, bf16 or fp16."),
-    until_ci: float = typer.Option(3.0, "--until-ci", help="Target CI half-width, percent."),
+    until_ci: float = typer.Option(
+        3.0,
+        "--until-ci",
+        help="Target 95% CI half-width of each share, in points: each run stops once its "
+        "throughput is known to within PCT/1.4 percent (or at --max-duration).",
+    ),
     max_duration: float = typer.Option(60.0, "--max-duration", help="Seconds per run at most."),
     storage_latency_ms: float = typer.Option(
         0.0, "--storage-latency-ms", help="Emulate slow storage: per-file latency for the cold run."

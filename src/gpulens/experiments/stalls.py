@@ -45,6 +45,7 @@ class StallsConfig:
     workers: int | None = None
     device: str | None = None
     precision: str = "fp32"
+    # Target 95% CI half-width of every share, in percentage points.
     until_ci_pct: float = 3.0
     max_duration_s: float = 60.0
     storage_latency_s: float = 0.0
@@ -63,6 +64,8 @@ class StallsConfig:
             )
         if self.gpus < 1:
             raise UsageError(f"--gpus must be 1 or more, got {self.gpus}")
+        if not 0 < self.until_ci_pct < 100:
+            raise UsageError(f"--until-ci must be in (0, 100) points, got {self.until_ci_pct}")
         if self.max_duration_s <= 0:
             raise UsageError(f"--max-duration must be positive, got {self.max_duration_s}")
 
@@ -87,6 +90,7 @@ class StallResult:
     recommendations: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     fetch_method: str | None = None
+    wall_s: float | None = None  # the whole breakdown, every run and the cache handling
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -102,6 +106,7 @@ class StallResult:
             "what_if": self.what_if,
             "recommendations": self.recommendations,
             "notes": self.notes,
+            "wall_s": self.wall_s,
         }
 
 
@@ -132,51 +137,54 @@ def breakdown(
     multi_gpu_socket: _Measured | None = None,
 ) -> tuple[dict[str, float | None], dict[str, float | None]]:
     """Shares (percent) of the total time per sample and GPU, and their 95% CI half-widths in
-    percentage points (first-order propagation of the runs' intervals).
+    percentage points (first-order propagation of the runs' own intervals, taken as
+    independent).
 
     All times are per sample and per GPU (an N-GPU run's is N / its total throughput). The
     total is the compute time plus every stall, which, when no run is faster than the one it
     is compared with, is the slowest data run (cold, else cached) plus the interconnect and
     network excesses."""
-    base = cold or cached
-    prep = max(0.0, cached.per_sample_s - ingestion_free.per_sample_s)
-    fetch = max(0.0, cold.per_sample_s - cached.per_sample_s) if cold else None
-    inter = max(0.0, multi_gpu.per_sample_s - ingestion_free.per_sample_s) if multi_gpu else None
-    network = (
-        max(0.0, multi_gpu_socket.per_sample_s - multi_gpu.per_sample_s)
-        if multi_gpu and multi_gpu_socket
-        else None
-    )
+    runs = {"free": ingestion_free, "cached": cached, "cold": cold, "multi": multi_gpu,
+            "socket": multi_gpu_socket}  # fmt: skip
+    # Each component is a difference of run times: {run: coefficient}.
+    terms: dict[str, dict[str, float] | None] = {
+        "compute": {"free": 1.0},
+        "prep_stall": {"cached": 1.0, "free": -1.0},
+        "fetch_stall": {"cold": 1.0, "cached": -1.0} if cold else None,
+        "interconnect_stall": {"multi": 1.0, "free": -1.0} if multi_gpu else None,
+        "network_stall": (
+            {"socket": 1.0, "multi": -1.0} if multi_gpu and multi_gpu_socket else None
+        ),
+    }
+
+    def raw(term: dict[str, float]) -> float:
+        return sum(c * runs[r].per_sample_s for r, c in term.items())  # type: ignore[union-attr]
+
     # Differences are clipped at zero (a faster "slower" run is noise), and the total is their
     # sum, so the shares are never negative and always add up to 100.
-    total = ingestion_free.per_sample_s + prep + (fetch or 0.0) + (inter or 0.0) + (network or 0.0)
+    values = {k: (None if t is None else max(0.0, raw(t))) for k, t in terms.items()}
+    total = sum(v for v in values.values() if v)
+    in_total: dict[str, float] = {}  # d total / d run time
+    for k, t in terms.items():
+        if t is not None and (values[k] or k == "compute"):
+            for r, c in t.items():
+                in_total[r] = in_total.get(r, 0.0) + c
 
-    def pct(x: float | None) -> float | None:
-        return None if x is None else 100.0 * x / total
-
-    def pp(*halves: float) -> float:
-        return 100.0 * math.sqrt(sum(h * h for h in halves)) / total
-
-    shares: dict[str, float | None] = {
-        "compute": pct(ingestion_free.per_sample_s),
-        "prep_stall": pct(prep),
-        "fetch_stall": pct(fetch),
-        "interconnect_stall": pct(inter),
-        "network_stall": pct(network),
-    }
-    cis: dict[str, float | None] = {
-        "compute": pp(ingestion_free.half_width_s, base.half_width_s),
-        "prep_stall": pp(cached.half_width_s, ingestion_free.half_width_s),
-        "fetch_stall": pp(cold.half_width_s, cached.half_width_s) if cold else None,
-        "interconnect_stall": (
-            pp(multi_gpu.half_width_s, ingestion_free.half_width_s) if multi_gpu else None
-        ),
-        "network_stall": (
-            pp(multi_gpu_socket.half_width_s, multi_gpu.half_width_s)
-            if multi_gpu and multi_gpu_socket
-            else None
-        ),
-    }
+    shares: dict[str, float | None] = {}
+    cis: dict[str, float | None] = {}
+    for k, t in terms.items():
+        if t is None:
+            shares[k] = cis[k] = None
+            continue
+        value = values[k] or 0.0
+        shares[k] = 100.0 * value / total
+        # First-order (delta method) propagation of the independent runs' half-widths through
+        # share = value / total; a clipped component keeps the interval of its difference.
+        var = 0.0
+        for r in set(t) | set(in_total):
+            d_share = t.get(r, 0.0) / total - value * in_total.get(r, 0.0) / total**2
+            var += (d_share * runs[r].half_width_s) ** 2  # type: ignore[union-attr]
+        cis[k] = 100.0 * math.sqrt(var)
     return shares, cis
 
 
@@ -330,12 +338,14 @@ def run_stalls(
 ) -> StallResult:
     """Make the runs the breakdown needs (all stored) and compute it."""
     import os
+    import time
 
     from gpulens.workloads import pagecache
     from gpulens.workloads.datasets import dataset_files, describe_dataset
     from gpulens.workloads.prep_timing import summarize_prep
 
     say = progress or (lambda _msg: None)
+    t0 = time.perf_counter()
     files = dataset_files(config.data)
     info = describe_dataset(config.data)
     n_files = len(files)
@@ -354,7 +364,10 @@ def run_stalls(
         result.throughput_ci95_pct[kind] = r.summary["throughput_ci95_pct"]
         return r
 
-    budget = dict(until_ci_pct=config.until_ci_pct, duration_s=config.max_duration_s)
+    # A share's interval combines two runs' intervals (a stall is a difference of two runs);
+    # runs known to within target/sqrt(2) percent keep it near the target in points.
+    run_ci_pct = config.until_ci_pct / math.sqrt(2)
+    budget = dict(until_ci_pct=run_ci_pct, duration_s=config.max_duration_s)
     free = train("ingestion_free", data="synthetic", **budget)
     result.device = free.summary["device"]
     batch = free.summary["batch_size"]
@@ -453,4 +466,5 @@ def run_stalls(
         info.get("mean_file_bytes"), prep.get("cpu_s_per_sample") if prep else None,
     )  # fmt: skip
     result.recommendations = recommend(result.breakdown_pct, result.what_if, current, workers)
+    result.wall_s = round(time.perf_counter() - t0, 1)
     return result

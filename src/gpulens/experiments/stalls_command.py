@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import time
 from pathlib import Path
 
 from gpulens.errors import RuntimeFailure, UsageError
@@ -98,6 +99,7 @@ def run_stalls_command(
     if not sizes:
         raise UsageError(f"no files under {data_path}: give the folder the script reads")
     say = progress or (lambda _msg: None)
+    t0 = time.perf_counter()
     command = shlex.join(argv)
     label = _label(argv)
     result = StallResult(workload=command, device=None)  # type: ignore[arg-type]
@@ -238,4 +240,5 @@ def run_stalls_command(
             "more workers are a lower bound"
         )
     result.recommendations = recommend(result.breakdown_pct, result.what_if, current, workers or 0)
+    result.wall_s = round(time.perf_counter() - t0, 1)
     return result

@@ -227,3 +227,5 @@ def render_stalls(console: Console, doc: dict[str, Any], width: int = 60) -> Non
             )
     for note in doc.get("notes") or []:
         console.print(f"[dim]note: {note}[/dim]")
+    if doc.get("wall_s") is not None:
+        console.print(f"[dim]the breakdown took {doc['wall_s']:.0f} s[/dim]")

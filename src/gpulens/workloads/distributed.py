@@ -103,12 +103,12 @@ def _check_devices(config, world: int) -> str:
 
 def run_distributed(config, spec: WorkloadSpec, runs_root: Path, progress, kind: str):
     """``run_training`` for ``config.gpus`` > 1 processes."""
-    from gpulens.workloads.train import TrainResult, _resolve, finishing
+    from gpulens.workloads.train import TrainResult, finishing, resolve_config
 
     world = config.gpus
     device_type = _check_devices(config, world)
     device0 = torch.device("cuda:0" if device_type == "cuda" else "cpu")
-    eff = _resolve(config, spec, device0)
+    eff = resolve_config(config, spec, device0)
     eff["device"] = f"{device_type}:0..{world - 1}" if device_type == "cuda" else "cpu"
     env = transport_env(config.nccl_transport) if device_type == "cuda" else {}
     eff["backend"] = "nccl" if device_type == "cuda" else "gloo"

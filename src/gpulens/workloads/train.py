@@ -206,7 +206,8 @@ def _peak_precision(spec: WorkloadSpec, precision: str) -> str:
     return "fp32"
 
 
-def _resolve(config: TrainConfig, spec: WorkloadSpec, device: torch.device) -> dict[str, Any]:
+def resolve_config(config: TrainConfig, spec: WorkloadSpec, device: torch.device) -> dict[str, Any]:
+    """The effective config: every choice left to gpulens made."""
     if device.type == "cpu" and config.precision == "fp16":
         raise UsageError("fp16 training needs a GPU: use --precision bf16 or fp32 on the CPU")
     if config.until_ci_pct is not None:
@@ -267,7 +268,7 @@ def run_training(
 
         return run_distributed(config, spec, runs_root, progress, kind)
     device = resolve_device(config.device)
-    eff = _resolve(config, spec, device)
+    eff = resolve_config(config, spec, device)
     torch.manual_seed(config.seed)
 
     gpus = describe_gpus()
@@ -324,6 +325,43 @@ class Prepared:
     memory_format: torch.memory_format
 
 
+def build_loader(
+    spec: WorkloadSpec,
+    eff: dict[str, Any],
+    device: torch.device,
+    timing_dir: Path | None = None,
+    rank: int = 0,
+    world_size: int = 1,
+) -> torch.utils.data.DataLoader:
+    """The data loader a run over on-disk data uses: the workload's dataset (with any storage
+    emulation), ``eff["workers"]`` worker processes, pinned memory on a GPU, endless shuffle."""
+    from gpulens.workloads.datasets import build_dataset, collate_with_timing
+    from gpulens.workloads.storage import StorageEmulation
+
+    batch = eff["batch_size"]
+    storage = StorageEmulation(eff["storage_latency_s"], eff["storage_bandwidth_bytes_per_s"])
+    dataset = build_dataset(
+        spec, eff["data"], n_synthetic=0,
+        storage=storage if storage.active else None, timing_dir=timing_dir,
+    )  # fmt: skip
+    if len(dataset) < batch * world_size:
+        raise UsageError(
+            f"dataset {eff['data']} has {len(dataset)} samples, fewer than one batch of "
+            f"{batch} per process: make more data or lower --batch-size"
+        )
+    workers = eff["workers"]
+    return torch.utils.data.DataLoader(
+        dataset,
+        batch_size=batch,
+        sampler=EndlessShuffle(len(dataset), eff["seed"], rank, world_size),
+        drop_last=True,
+        num_workers=workers,
+        pin_memory=device.type == "cuda",
+        prefetch_factor=LOADER_PREFETCH if workers > 0 else None,
+        collate_fn=collate_with_timing(timing_dir) if timing_dir else None,
+    )
+
+
 def prepare(
     spec: WorkloadSpec,
     eff: dict[str, Any],
@@ -357,35 +395,9 @@ def prepare(
         batches = _synthetic_batches(spec, batch, device, eff["seed"] + rank, memory_format)
         eff["dataset"] = {"kind": "synthetic_on_device", "pool_batches": SYNTHETIC_POOL_BATCHES}
     else:
-        from gpulens.workloads.datasets import (
-            build_dataset,
-            collate_with_timing,
-            describe_dataset,
-        )
-        from gpulens.workloads.storage import StorageEmulation
+        from gpulens.workloads.datasets import describe_dataset
 
-        storage = StorageEmulation(eff["storage_latency_s"], eff["storage_bandwidth_bytes_per_s"])
-        dataset = build_dataset(
-            spec, eff["data"], n_synthetic=0,
-            storage=storage if storage.active else None, timing_dir=timing_dir,
-        )  # fmt: skip
-        if len(dataset) < batch * world_size:
-            raise UsageError(
-                f"dataset {eff['data']} has {len(dataset)} samples, fewer than one batch of "
-                f"{batch} per process: make more data or lower --batch-size"
-            )
-        workers = eff["workers"]
-        loader = torch.utils.data.DataLoader(
-            dataset,
-            batch_size=batch,
-            sampler=EndlessShuffle(len(dataset), eff["seed"], rank, world_size),
-            drop_last=True,
-            num_workers=workers,
-            pin_memory=cuda,
-            prefetch_factor=LOADER_PREFETCH if workers > 0 else None,
-            collate_fn=collate_with_timing(timing_dir) if timing_dir else None,
-        )
-        batches = iter(loader)
+        batches = iter(build_loader(spec, eff, device, timing_dir, rank, world_size))
         eff["dataset"] = describe_dataset(eff["data"])
 
     def step_fn(x, y):

@@ -1,0 +1,81 @@
+"""The data loader alone: how fast it delivers batches to the device with no model to feed.
+
+This is the loader's capacity, measured end to end (read, decode, augment, collate, hand-over
+between processes, pinning and the copy to the device), which the workers' own timers cannot
+see in full. The stall validation uses it as the expected pace of a training run that waits on
+its loader.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+
+from gpulens.errors import UsageError
+from gpulens.stats import throughput_ci
+from gpulens.workloads.devices import resolve_device
+from gpulens.workloads.models import get_workload
+from gpulens.workloads.train import LOADER_PREFETCH, TrainConfig, build_loader, resolve_config
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LoaderPace:
+    """Samples per second the loader delivered, with the 95% CI half-width in percent."""
+
+    samples_per_s: float
+    ci95_pct: float
+    batches: int
+    workers: int
+    batch_size: int
+
+    @property
+    def per_sample_s(self) -> float:
+        return 1.0 / self.samples_per_s
+
+
+def measure_loader(config: TrainConfig, duration_s: float = 10.0) -> LoaderPace:
+    """Iterate the loader that ``run_training(config)`` would build, copying every batch to
+    the device, for ``duration_s`` after a warm-up that drains the prefetch queue."""
+    if config.data == "synthetic":
+        raise UsageError("the loader pace needs on-disk data: give --data PATH")
+    if duration_s <= 0:
+        raise UsageError(f"the loader measurement needs a positive duration, got {duration_s}")
+    spec = get_workload(config.workload)
+    device = resolve_device(config.device)
+    eff = resolve_config(config, spec, device)
+    loader = build_loader(spec, eff, device)
+    workers = eff["workers"]
+    # As in a training run: the queue starts full and would flatter the first batches.
+    warmup = 2 * max(workers, 1) * LOADER_PREFETCH
+    times_s: list[float] = []
+    batches = iter(loader)
+    try:
+        for _ in range(warmup):
+            _to_device(next(batches), device)
+        t_end = time.perf_counter() + duration_s
+        t_prev = time.perf_counter()
+        while t_prev < t_end or len(times_s) < 2:
+            _to_device(next(batches), device)
+            t_now = time.perf_counter()
+            times_s.append(t_now - t_prev)
+            t_prev = t_now
+    finally:
+        del batches  # shuts the worker processes down
+    ci = throughput_ci(times_s, eff["batch_size"])
+    if ci is None:  # cannot happen: the loop times two batches at least
+        raise RuntimeError("the loader delivered no batches")
+    log.info("loader alone: %.1f samples/s ± %.1f%%", ci.samples_per_s, ci.ci95_pct)
+    return LoaderPace(ci.samples_per_s, ci.ci95_pct, len(times_s), workers, eff["batch_size"])
+
+
+def _to_device(batch, device: torch.device) -> None:
+    x, y = batch
+    x = x.to(device, non_blocking=True)
+    y = y.to(device, non_blocking=True)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
