@@ -6,10 +6,10 @@ method reports with those expected from the injected delays (see
 ``gpulens.experiments.stalls_validation``). Target: within 3 percentage points.
 
     python benchmarks/stalls_validation.py --data DIR [--workload resnet18] [--workers 1,2,4]
-        [--latencies-ms 2,5,10] [--batch-size 32] [--duration 12] [--out FILE]
+        [--latencies-ms 2,5,10] [--batch-size 32] [--duration 20] [--out FILE]
 
 Each training run lasts --duration seconds (or --steps measured steps); the loader alone is
-timed for --loader-duration seconds per worker count. 13 runs with the defaults: about 4
+timed for --loader-duration seconds per worker count. 13 runs with the defaults: about 6
 minutes on one GPU.
 """
 
@@ -34,7 +34,7 @@ def main() -> int:
     ap.add_argument("--workers", default="1,2,4")
     ap.add_argument("--latencies-ms", default="2,5,10")
     ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--duration", type=float, default=12.0, help="seconds per training run")
+    ap.add_argument("--duration", type=float, default=20.0, help="seconds per training run")
     ap.add_argument("--steps", type=int, default=None, help="measured steps per run instead")
     ap.add_argument("--loader-duration", type=float, default=8.0)
     ap.add_argument("--device", default=None)

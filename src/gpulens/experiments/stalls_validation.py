@@ -3,21 +3,27 @@ delays, and check that the differential attribution recovers what they should co
 
 The expected times per sample come from parts measured on their own:
 - ``t_if``: the training with no ingestion (synthetic batches on the device);
-- ``t_load``: the loader alone with ``W`` workers over cached data, each batch copied to the
-  device and no model to feed (``gpulens.workloads.loader_bench``): its capacity, hand-over and
-  pinning included;
+- ``t_load``: the pace of ``W`` loader workers over cached data, bottom-up: each worker's
+  timed work per sample (read, decode, augment, collate) as measured inside the workers during
+  the cached training run (so it includes what sharing the CPU with the training costs them),
+  plus what else a worker spends per sample (handing the batch over, fetching indices),
+  measured with the loader alone, no model to feed (``gpulens.workloads.loader_bench``);
+  ``t_load = (work + hand-over) / W``;
 - the injected delay ``L`` per file as it happened (the workers' measured read time per file,
   cold minus cached: a sleep wakes late on a busy machine), plus the slower decoding that
   follows a storage wait, also measured in the workers (``induced``).
 
-A training run goes at the pace of the slower side, so the expected cached time is
-``max(t_if, t_load)`` and the expected cold time ``max(t_if, t_load + (L + induced) / W)``.
-Expected shares are of the expected cold time, as the breakdown's are of the measured one; the
-measured shares are those ``gpulens.experiments.stalls.breakdown`` reports for the three runs.
+The differential result comes from the training loop's end-to-end pace instead, so the two
+meet only if the attribution is right. A training run goes at the pace of the slower side, so
+the expected cached time is ``max(t_if, t_load)`` and the expected cold time
+``max(t_if, t_load + (L + induced) / W)``. Expected shares are of the expected cold time, as
+the breakdown's are of the measured one; the measured shares are those
+``gpulens.experiments.stalls.breakdown`` reports for the three runs.
 """
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,11 +33,19 @@ import pandas as pd
 from gpulens.workloads.train import TrainConfig, run_training
 
 
-def _stage_s(result, stages: tuple[str, ...]) -> float:
-    """Mean seconds per sample that the loader workers spent in ``stages``."""
+def _prep(result) -> dict[str, Any]:
+    """The workers' timing over the run's measured window."""
     from gpulens.workloads.prep_timing import summarize_prep
 
-    prep = summarize_prep(result.record_dir, result.summary["throughput_samples_per_s"])
+    s = result.summary
+    return summarize_prep(
+        result.record_dir, s["throughput_samples_per_s"],
+        start_unix_s=s.get("measured_start_unix_s"), end_unix_s=s.get("measured_end_unix_s"),
+    )  # fmt: skip
+
+
+def _stage_s(prep: dict[str, Any], stages: tuple[str, ...]) -> float:
+    """Mean seconds per sample that the loader workers spent in ``stages``."""
     return sum(prep["stages"][s]["mean_s_per_sample"] or 0.0 for s in stages)
 
 
@@ -84,11 +98,17 @@ def validate(
     rows = []
     for w in workers:
         say(f"{w} workers: loader alone")
-        pace = measure_loader(TrainConfig(data=data, workers=w, **common), loader_duration_s)
+        pace = measure_loader(
+            TrainConfig(data=data, workers=w, **common), loader_duration_s,
+            timing_dir=Path(tempfile.mkdtemp(prefix=f"loader-w{w}-", dir=runs_root)),
+        )  # fmt: skip
         say(f"{w} workers: cached run")
         cached = run_training(
             TrainConfig(data=data, workers=w, prep_timing=True, **common, **length), runs_root
         )
+        cached_prep = _prep(cached)
+        work_s = cached_prep["prep_s_per_sample"] or 0.0
+        t_load = (work_s + (pace.handover_s_per_sample or 0.0)) / max(w, 1)
         for latency_s in latencies_s:
             say(f"{w} workers: {1000 * latency_s:g} ms storage latency")
             cold = run_training(
@@ -98,16 +118,24 @@ def validate(
                 ),
                 runs_root,
             )  # fmt: skip
-            injected_s = _stage_s(cold, ("read",)) - _stage_s(cached, ("read",))
-            induced_s = _stage_s(cold, _CPU_STAGES) - _stage_s(cached, _CPU_STAGES)
-            expected = expected_shares(t_if, pace.per_sample_s, injected_s + induced_s, w)
+            cold_prep = _prep(cold)
+            # The delay as it happened (a sleep wakes up late on a busy machine): the workers'
+            # read time per file, cold minus cached.
+            injected_s = _stage_s(cold_prep, ("read",)) - _stage_s(cached_prep, ("read",))
+            # A worker waking from a storage wait decodes more slowly at first (cold CPU caches,
+            # rescheduling): part of the real cost of slow storage, measured in the workers.
+            induced_s = _stage_s(cold_prep, _CPU_STAGES) - _stage_s(cached_prep, _CPU_STAGES)
+            expected = expected_shares(t_if, t_load, injected_s + induced_s, w)
             measured, ci_pp = breakdown(_measured(free), _measured(cached), _measured(cold))
             row: dict[str, Any] = {
                 "workers": w,
                 "latency_ms": 1000 * latency_s,
                 "t_if_ms": 1000 * t_if,
-                "t_load_ms": 1000 * pace.per_sample_s,
-                "t_load_ci95_pct": pace.ci95_pct,
+                "t_load_ms": 1000 * t_load,
+                "worker_work_ms": 1000 * work_s,
+                "worker_handover_ms": 1000 * (pace.handover_s_per_sample or 0.0),
+                "t_loader_alone_ms": 1000 * pace.per_sample_s,
+                "t_loader_alone_ci95_pct": pace.ci95_pct,
                 "t_cached_ms": 1000 / cached.summary["throughput_samples_per_s"],
                 "t_cold_ms": 1000 / cold.summary["throughput_samples_per_s"],
                 "injected_ms": 1000 * injected_s,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -32,15 +33,23 @@ class LoaderPace:
     batches: int
     workers: int
     batch_size: int
+    # With prep timing: the workers' timed work per sample (read, decode, augment, collate),
+    # and what else each worker spends per sample (handing batches over, fetching indices).
+    busy_s_per_sample: float | None = None
+    handover_s_per_sample: float | None = None
 
     @property
     def per_sample_s(self) -> float:
         return 1.0 / self.samples_per_s
 
 
-def measure_loader(config: TrainConfig, duration_s: float = 10.0) -> LoaderPace:
+def measure_loader(
+    config: TrainConfig, duration_s: float = 10.0, timing_dir: Path | None = None
+) -> LoaderPace:
     """Iterate the loader that ``run_training(config)`` would build, copying every batch to
-    the device, for ``duration_s`` after a warm-up that drains the prefetch queue."""
+    the device, for ``duration_s`` after a warm-up that drains the prefetch queue. With
+    ``timing_dir`` the workers time their stages there, and the result splits each worker's
+    time per sample into timed work and hand-over."""
     if config.data == "synthetic":
         raise UsageError("the loader pace needs on-disk data: give --data PATH")
     if duration_s <= 0:
@@ -48,7 +57,7 @@ def measure_loader(config: TrainConfig, duration_s: float = 10.0) -> LoaderPace:
     spec = get_workload(config.workload)
     device = resolve_device(config.device)
     eff = resolve_config(config, spec, device)
-    loader = build_loader(spec, eff, device)
+    loader = build_loader(spec, eff, device, timing_dir)
     workers = eff["workers"]
     # As in a training run: the queue starts full and would flatter the first batches.
     warmup = 2 * max(workers, 1) * LOADER_PREFETCH
@@ -57,6 +66,7 @@ def measure_loader(config: TrainConfig, duration_s: float = 10.0) -> LoaderPace:
     try:
         for _ in range(warmup):
             _to_device(next(batches), device)
+        t_start_unix_s = time.time()
         t_end = time.perf_counter() + duration_s
         t_prev = time.perf_counter()
         while t_prev < t_end or len(times_s) < 2:
@@ -64,13 +74,26 @@ def measure_loader(config: TrainConfig, duration_s: float = 10.0) -> LoaderPace:
             t_now = time.perf_counter()
             times_s.append(t_now - t_prev)
             t_prev = t_now
+        t_end_unix_s = time.time()
     finally:
-        del batches  # shuts the worker processes down
+        del batches  # shuts the worker processes down (their timing rows are flushed)
     ci = throughput_ci(times_s, eff["batch_size"])
     if ci is None:  # cannot happen: the loop times two batches at least
         raise RuntimeError("the loader delivered no batches")
     log.info("loader alone: %.1f samples/s ± %.1f%%", ci.samples_per_s, ci.ci95_pct)
-    return LoaderPace(ci.samples_per_s, ci.ci95_pct, len(times_s), workers, eff["batch_size"])
+    busy_s = handover_s = None
+    if timing_dir is not None and workers > 0:
+        from gpulens.workloads.prep_timing import summarize_prep
+
+        busy_s = summarize_prep(
+            timing_dir, ci.samples_per_s, start_unix_s=t_start_unix_s, end_unix_s=t_end_unix_s
+        )["prep_s_per_sample"]
+        if busy_s is not None:
+            handover_s = max(0.0, workers / ci.samples_per_s - busy_s)
+    return LoaderPace(
+        ci.samples_per_s, ci.ci95_pct, len(times_s), workers, eff["batch_size"], busy_s,
+        handover_s,
+    )  # fmt: skip
 
 
 def _to_device(batch, device: torch.device) -> None:

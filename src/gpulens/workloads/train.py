@@ -631,6 +631,8 @@ def summarize_run(
         "warmup_steps": eff["warmup_steps"],
         "stop_reason": loop.stop_reason,
         "measured_wall_s": wall,
+        "measured_start_unix_s": loop.t_measure0,
+        "measured_end_unix_s": loop.t_measure1,
         "throughput_samples_per_s": tput,
         "throughput_ci95_pct": ci.ci95_pct if ci and math.isfinite(ci.ci95_pct) else None,
         "phases_s": phases,
