@@ -24,16 +24,16 @@ validation)
   echo "rc=$?"
   ;;
 resnet50)
-  step data; gl data make images --out /tmp/img --n 100000 --json > "$OUT/data_make.json"
+  [ -d /tmp/img ] || { step data; gl data make images --out /tmp/img --n 100000 --json > "$OUT/data_make.json"; }
   step stalls
-  cmd=(gl stalls resnet50 --data /tmp/img --precision bf16 --no-store --json)
+  cmd=(python3 -m gpulens.cli stalls resnet50 --data /tmp/img --precision bf16 --no-store --json)
   timeout 500 "${cmd[@]}" > "$OUT/stalls.raw.json"
   echo "rc=$?"
   python3 - "$OUT" "$gpu" "$day" "${cmd[*]}" <<'PY'
 import json, sys
 out, gpu, day, cmd = sys.argv[1:]
 doc = json.load(open(f"{out}/stalls.raw.json"))
-doc = {"command": "PYTHONPATH=src " + cmd.replace("gl ", "python3 -m gpulens.cli ", 1)
+doc = {"command": "PYTHONPATH=src " + cmd
        + "  # /tmp/img: gpulens data make images --out /tmp/img --n 100000 "
        "(bash benchmarks/stalls_session.sh resnet50)", "gpu": gpu, "date": day, **doc}
 json.dump(doc, open(f"{out}/stalls-resnet50_bf16-{gpu}-{day}.json", "w"), indent=1)
