@@ -155,3 +155,50 @@ def test_stalls_needs_on_disk_data(capsys):
     code = main(["stalls", "tiny_cnn", "--data", "synthetic"])
     assert code == 2
     assert "needs an on-disk dataset" in capsys.readouterr().err
+
+
+def _fake_run(run_id, samples_per_s, ci_pct, wall_s=10.0):
+    from gpulens.workloads.train import TrainResult
+
+    summary = {"throughput_samples_per_s": samples_per_s, "throughput_ci95_pct": ci_pct,
+               "measured_wall_s": wall_s}  # fmt: skip
+    return TrainResult(run_id, None, summary)
+
+
+def test_pooled_passes_weight_by_samples_and_combine_errors():
+    from gpulens.experiments.stalls import pooled
+
+    got = pooled([_fake_run("a", 100.0, 4.0), _fake_run("b", 200.0, 2.0)])
+    # 1000 samples at 10 ms (±4%) and 2000 at 5 ms (±2%)
+    assert got.per_sample_s == pytest.approx((0.010 * 1000 + 0.005 * 2000) / 3000)
+    assert got.half_width_s == pytest.approx(((0.0004 / 3) ** 2 + (0.0001 * 2 / 3) ** 2) ** 0.5)
+
+
+@pytest.mark.parametrize(
+    "budget_s, cis, want_passes, note",
+    [
+        (1e6, [6.0, 6.0, 6.0, 6.0, 6.0], 4, "4 passes, pooled"),  # stops at MAX_COLD_PASSES
+        (1e6, [3.0, 2.0], 2, "2 passes, pooled"),  # pooled: ±1.8%, the target met
+        (1e6, [1.0], 1, "one pass"),
+        (0.0, [6.0], 1, "--time-budget"),  # no time for a second pass: says so
+    ],
+)
+def test_cold_passes_repeat_while_the_ci_misses_and_time_remains(
+    jpegs, budget_s, cis, want_passes, note
+):
+    import time
+
+    from gpulens.experiments.stalls import StallResult, StallsConfig, _cold_passes
+    from gpulens.workloads.datasets import dataset_files
+
+    config = StallsConfig(workload="tiny_cnn", data=str(jpegs), time_budget_s=max(budget_s, 1))
+    made = iter(_fake_run(f"cold{i}", 100.0, ci) for i, ci in enumerate(cis))
+    result = StallResult(workload="tiny_cnn", device="cpu")
+    t0 = time.perf_counter() - (1e6 if budget_s == 0 else 0)
+    passes = _cold_passes(
+        config, dataset_files(jpegs), lambda: next(made), 2.1, t0, lambda _m: None, result
+    )
+    assert len(passes) == want_passes
+    assert result.cold_runs == [f"cold{i}" for i in range(want_passes)]
+    assert result.fetch_method is not None
+    assert any(note in n for n in result.notes), result.notes

@@ -303,6 +303,12 @@ def stalls(
         "throughput is known to within PCT/1.4 percent (or at --max-duration).",
     ),
     max_duration: float = typer.Option(60.0, "--max-duration", help="Seconds per run at most."),
+    time_budget: float = typer.Option(
+        300.0,
+        "--time-budget",
+        help="Seconds for the whole breakdown: while the cold pass (one read of every file) "
+        "misses --until-ci, gpulens evicts the data again and repeats it, if one more pass fits.",
+    ),
     storage_latency_ms: float = typer.Option(
         0.0, "--storage-latency-ms", help="Emulate slow storage: per-file latency for the cold run."
     ),
@@ -340,6 +346,7 @@ def stalls(
         extra += [k for k, bad in (
             ("--gpus", gpus != 1), ("--precision", precision != "fp32"),
             ("--until-ci", until_ci != 3.0), ("--max-duration", max_duration != 60.0),
+            ("--time-budget", time_budget != 300.0),
             ("--storage-latency-ms", storage_latency_ms != 0.0),
         ) if bad]  # fmt: skip
         if extra:
@@ -356,7 +363,8 @@ def stalls(
         config = StallsConfig(
             workload=target[0], data=data, gpus=gpus, batch_size=batch_size, workers=workers,
             device=device, precision=precision, until_ci_pct=until_ci,
-            max_duration_s=max_duration, storage_latency_s=storage_latency_ms / 1000.0,
+            max_duration_s=max_duration, time_budget_s=time_budget,
+            storage_latency_s=storage_latency_ms / 1000.0,
             storage_bandwidth_bytes_per_s=_mb_per_s_to_bytes(storage_bandwidth_mbps),
         )  # fmt: skip
         with _progress(json_out) as progress:
@@ -364,7 +372,7 @@ def stalls(
             result = run_stalls(
                 config, runs_dir(), progress=lambda msg: progress.update(task, description=msg)
             )
-    for run_id in result.runs.values():
+    for run_id in {*result.runs.values(), *result.cold_runs}:
         if run_id:
             _store(runs_dir() / run_id, store)
     doc = result.as_dict()

@@ -31,6 +31,7 @@ from gpulens.workloads.train import LOADER_PREFETCH, TrainConfig, TrainResult, r
 log = logging.getLogger(__name__)
 
 COMPONENTS = ("compute", "prep_stall", "fetch_stall", "interconnect_stall", "network_stall")
+MAX_COLD_PASSES = 4
 RUN_KINDS = ("ingestion_free", "cached", "cold", "multi_gpu", "multi_gpu_socket")
 
 
@@ -48,6 +49,9 @@ class StallsConfig:
     # Target 95% CI half-width of every share, in percentage points.
     until_ci_pct: float = 3.0
     max_duration_s: float = 60.0
+    # Repeat the cold pass (evicting again) while it misses the CI target and one more pass
+    # still fits in this many seconds of the whole breakdown.
+    time_budget_s: float = 300.0
     storage_latency_s: float = 0.0
     storage_bandwidth_bytes_per_s: float | None = None
 
@@ -68,6 +72,8 @@ class StallsConfig:
             raise UsageError(f"--until-ci must be in (0, 100) points, got {self.until_ci_pct}")
         if self.max_duration_s <= 0:
             raise UsageError(f"--max-duration must be positive, got {self.max_duration_s}")
+        if self.time_budget_s <= 0:
+            raise UsageError(f"--time-budget must be positive seconds, got {self.time_budget_s}")
 
     @property
     def emulated_storage(self) -> bool:
@@ -81,6 +87,7 @@ class StallResult:
     workload: str
     device: str
     runs: dict[str, str | None] = field(default_factory=dict)
+    cold_runs: list[str] = field(default_factory=list)  # every cold pass, pooled
     throughput: dict[str, float | None] = field(default_factory=dict)
     throughput_ci95_pct: dict[str, float | None] = field(default_factory=dict)
     breakdown_pct: dict[str, float | None] = field(default_factory=dict)
@@ -97,6 +104,7 @@ class StallResult:
             "workload": self.workload,
             "device": self.device,
             "runs": self.runs,
+            "cold_runs": self.cold_runs,
             "throughput_samples_per_s": self.throughput,
             "throughput_ci95_pct": self.throughput_ci95_pct,
             "breakdown_pct": self.breakdown_pct,
@@ -127,6 +135,19 @@ def _measured(result: TrainResult | None) -> _Measured | None:
     t = max(1, result.summary.get("processes") or 1) / tput
     # A relative CI on the rate is (to first order) the same relative CI on its inverse.
     return _Measured(t, t * (ci_pct if ci_pct is not None else math.inf) / 100.0)
+
+
+def pooled(passes: list[TrainResult]) -> _Measured | None:
+    """Several independent runs of the same thing as one: time per sample weighted by the
+    samples each run measured, half-widths combined as independent errors."""
+    parts = [(m, r.summary.get("throughput_samples_per_s") * r.summary.get("measured_wall_s"))
+             for r in passes if (m := _measured(r)) is not None]  # fmt: skip
+    if not parts:
+        return None
+    n = sum(samples for _, samples in parts)
+    t = sum(m.per_sample_s * samples for m, samples in parts) / n
+    half = math.sqrt(sum((m.half_width_s * samples / n) ** 2 for m, samples in parts))
+    return _Measured(t, half)
 
 
 def breakdown(
@@ -333,6 +354,61 @@ def _describe_transport(result: TrainResult) -> str:
     return "NCCL reported " + ", ".join(got) if got else "transport not reported"
 
 
+def _cold_passes(
+    config: StallsConfig,
+    files: list[Path],
+    run_pass: Callable[[], TrainResult],
+    run_ci_pct: float,
+    t0: float,
+    say: Callable[[str], None],
+    result: StallResult,
+) -> list[TrainResult]:
+    """Evict the dataset and read it once, again while the CI target is missed and one more
+    pass fits in the time budget. Returns the passes (none when nothing could be evicted)."""
+    import time
+
+    from gpulens.workloads import pagecache
+
+    passes: list[TrainResult] = []
+    left_cached = []
+    while True:
+        say("evicting the dataset from the page cache")
+        t_pass0 = time.perf_counter()
+        evicted = pagecache.evict(files)
+        if evicted.method is None:
+            result.notes.append(
+                f"fetch stall not measured: {evicted.note}"
+                if not passes
+                else f"cold run: no further pass, the eviction failed: {evicted.note}"
+            )
+            break
+        result.fetch_method = evicted.method
+        left_cached.append(100 * (evicted.resident_after or 0))
+        passes.append(run_pass())
+        result.cold_runs.append(passes[-1].run_id)
+        pass_s = time.perf_counter() - t_pass0
+        m = pooled(passes)
+        ci_pct = 100.0 * m.half_width_s / m.per_sample_s if m else math.inf
+        elapsed_s = time.perf_counter() - t0
+        if ci_pct <= run_ci_pct or len(passes) >= MAX_COLD_PASSES:
+            break
+        if elapsed_s + pass_s > config.time_budget_s:
+            result.notes.append(
+                f"cold run: {len(passes)} pass(es) give ±{ci_pct:.1f}%, short of "
+                f"±{run_ci_pct:.1f}%; another pass ({pass_s:.0f} s) would pass the "
+                f"{config.time_budget_s:.0f} s budget (--time-budget)"
+            )
+            break
+        say(f"cold pass {len(passes)}: ±{ci_pct:.1f}%, one more")
+    if passes:
+        result.notes.append(
+            f"cold run: {result.fetch_method} left at most {max(left_cached):.1f}% of the data "
+            f"cached; each file read once per pass; "
+            + (f"{len(passes)} passes, pooled" if len(passes) > 1 else "one pass")
+        )
+    return passes
+
+
 def run_stalls(
     config: StallsConfig, runs_root: Path, progress: ProgressFn | None = None
 ) -> StallResult:
@@ -340,7 +416,6 @@ def run_stalls(
     import os
     import time
 
-    from gpulens.workloads import pagecache
     from gpulens.workloads.datasets import dataset_files, describe_dataset
     from gpulens.workloads.prep_timing import summarize_prep
 
@@ -378,6 +453,7 @@ def run_stalls(
     workers = cached.summary.get("workers") or 0
 
     cold: TrainResult | None = None
+    cold_passes: list[TrainResult] = []
     warmup = 2 * max(workers, 1) * LOADER_PREFETCH
     first_touch_steps = n_files // batch - warmup - max(workers, 1) * LOADER_PREFETCH - 1
     if config.emulated_storage:
@@ -386,6 +462,7 @@ def run_stalls(
             "cold", data=config.data, storage_latency_s=config.storage_latency_s,
             storage_bandwidth_bytes_per_s=config.storage_bandwidth_bytes_per_s, **budget,
         )  # fmt: skip
+        result.cold_runs.append(cold.run_id)
     elif first_touch_steps < 10:
         result.notes.append(
             f"fetch stall not measured: the dataset ({n_files} files) is too small for a cold "
@@ -393,21 +470,14 @@ def run_stalls(
             f"larger one (at least {(warmup + 10 + 2 * max(workers, 1) * 2) * batch} files)"
         )
     else:
-        say("evicting the dataset from the page cache")
-        evicted = pagecache.evict(files)
-        if evicted.method is None:
-            result.notes.append(f"fetch stall not measured: {evicted.note}")
-        else:
-            result.fetch_method = evicted.method
-            cold = train(
+        cold_passes = _cold_passes(
+            config, files, lambda: train(
                 "cold", data=config.data, steps=min(first_touch_steps, 10_000),
                 warmup_steps=warmup,
-            )  # fmt: skip
-            result.notes.append(
-                f"cold run: {evicted.method} left "
-                f"{100 * (evicted.resident_after or 0):.1f}% of the data cached; each file read "
-                "once"
-            )
+            ),
+            run_ci_pct, t0, say, result,
+        )  # fmt: skip
+        cold = cold_passes[-1] if cold_passes else None
     multi = multi_socket = None
     if config.gpus > 1:
         multi_common = dict(
@@ -445,7 +515,11 @@ def run_stalls(
             "N GPUs with DDP, with and without NCCL's peer-to-peer transport"
         )
 
-    m_free, m_cached, m_cold = _measured(free), _measured(cached), _measured(cold)
+    m_free, m_cached = _measured(free), _measured(cached)
+    m_cold = _measured(cold)
+    if len(cold_passes) > 1 and (m_cold := pooled(cold_passes)) is not None:
+        result.throughput["cold"] = 1.0 / m_cold.per_sample_s
+        result.throughput_ci95_pct["cold"] = 100.0 * m_cold.half_width_s / m_cold.per_sample_s
     result.breakdown_pct, result.breakdown_ci95_pp = breakdown(
         m_free, m_cached, m_cold, _measured(multi), _measured(multi_socket)
     )
