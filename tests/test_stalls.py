@@ -202,3 +202,21 @@ def test_cold_passes_repeat_while_the_ci_misses_and_time_remains(
     assert result.cold_runs == [f"cold{i}" for i in range(want_passes)]
     assert result.fetch_method is not None
     assert any(note in n for n in result.notes), result.notes
+
+
+def test_ci_uses_the_gpus_step_times_when_the_host_runs_ahead():
+    """A steady GPU seen from an asynchronous host: fast first steps while the queue fills, a
+    slow last one at the synchronize. The interval comes from the GPU's times."""
+    from gpulens.stats import throughput_ci
+    from gpulens.workloads.train import ci_step_times
+
+    host = [0.010] * 5 + [0.034] * 110 + [0.200]
+    rows = [{"step_time_s": h, "gpu_step_time_s": 0.034} for h in host]
+    rows[-1]["gpu_step_time_s"] = None
+    assert throughput_ci(ci_step_times(rows), 128).ci95_pct < 0.01
+    assert throughput_ci([r["step_time_s"] for r in rows], 128).ci95_pct > 2.0
+    # on a CPU (no GPU times) or while the GPU's times lag far behind: the host's
+    cpu_rows = [{"step_time_s": h, "gpu_step_time_s": None} for h in host]
+    assert ci_step_times(cpu_rows) == host
+    lagging = [dict(r, gpu_step_time_s=None) if i > 50 else r for i, r in enumerate(rows)]
+    assert ci_step_times(lagging) == host

@@ -511,8 +511,7 @@ def measured_loop(
         if budget_s is not None and elapsed >= budget_s:
             wanted = "duration"
         elif eff["until_ci_pct"] is not None and measured >= 20 and measured % 10 == 0:
-            times = [r["step_time_s"] for r in timer.measured_rows() if r["step_time_s"]]
-            ci = throughput_ci(times, samples_per_step)
+            ci = throughput_ci(ci_step_times(timer.measured_rows()), samples_per_step)
             if ci is not None and ci.ci95_pct <= eff["until_ci_pct"]:
                 wanted = "until_ci"
         if control is not None:
@@ -572,6 +571,18 @@ def _mean(values) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
+def ci_step_times(rows: list[dict[str, Any]]) -> list[float]:
+    """Step times for the throughput's confidence interval: the GPU's (between consecutive
+    step starts on the stream) where known, else the host's. The host runs ahead of an
+    asynchronous GPU, so its first steps look fast and the step before a synchronize slow:
+    edge effects that widen a short run's interval tenfold though the GPU's pace is steady."""
+    gpu = [r["gpu_step_time_s"] for r in rows if r.get("gpu_step_time_s")]
+    # Rows resolve in order, and the last one never has a GPU time (no next step start).
+    if len(gpu) >= max(2, len(rows) - 1 - 8):
+        return gpu
+    return [r["step_time_s"] for r in rows if r["step_time_s"] is not None]
+
+
 def summarize_run(
     spec: WorkloadSpec,
     eff: dict[str, Any],
@@ -587,9 +598,8 @@ def summarize_run(
     """The run's summary (written into run.json): throughput over all processes, phases of
     rank 0's steps, the first GPU's monitor means (all GPUs under ``gpus``), MFU per GPU."""
     batch = eff["batch_size"]
-    step_times = [r["step_time_s"] for r in rows if r["step_time_s"] is not None]
     samples_per_step = batch * world_size
-    ci = throughput_ci(step_times, samples_per_step)
+    ci = throughput_ci(ci_step_times(rows), samples_per_step)
     samples = samples_per_step * len(rows)
     wall = loop.wall_measured_s
     # The point estimate comes from the bracketing synchronizes: exact for the whole window.
