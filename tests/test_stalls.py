@@ -174,34 +174,50 @@ def test_pooled_passes_weight_by_samples_and_combine_errors():
     assert got.half_width_s == pytest.approx(((0.0004 / 3) ** 2 + (0.0001 * 2 / 3) ** 2) ** 0.5)
 
 
-@pytest.mark.parametrize(
-    "budget_s, cis, want_passes, note",
-    [
-        (1e6, [6.0, 6.0, 6.0, 6.0, 6.0], 4, "4 passes, pooled"),  # stops at MAX_COLD_PASSES
-        (1e6, [3.0, 2.0], 2, "2 passes, pooled"),  # pooled: ±1.8%, the target met
-        (1e6, [1.0], 1, "one pass"),
-        (0.0, [6.0], 1, "--time-budget"),  # no time for a second pass: says so
-    ],
-)
-def test_cold_passes_repeat_while_the_ci_misses_and_time_remains(
-    jpegs, budget_s, cis, want_passes, note
-):
+def _refine_case(jpegs, cached_ci, cold_ci, budget_s=1e6, target=3.0, elapsed_s=0.0):
+    import itertools
     import time
 
-    from gpulens.experiments.stalls import StallResult, StallsConfig, _cold_passes
-    from gpulens.workloads.datasets import dataset_files
+    from gpulens.experiments.stalls import StallsConfig, _refine
 
-    config = StallsConfig(workload="tiny_cnn", data=str(jpegs), time_budget_s=max(budget_s, 1))
-    made = iter(_fake_run(f"cold{i}", 100.0, ci) for i, ci in enumerate(cis))
-    result = StallResult(workload="tiny_cnn", device="cpu")
-    t0 = time.perf_counter() - (1e6 if budget_s == 0 else 0)
-    passes = _cold_passes(
-        config, dataset_files(jpegs), lambda: next(made), 2.1, t0, lambda _m: None, result
+    config = StallsConfig(
+        workload="tiny_cnn", data=str(jpegs), until_ci_pct=target, time_budget_s=budget_s
     )
-    assert len(passes) == want_passes
-    assert result.cold_runs == [f"cold{i}" for i in range(want_passes)]
-    assert result.fetch_method is not None
-    assert any(note in n for n in result.notes), result.notes
+    repeats = {
+        "ingestion_free": [_fake_run("free", 3000.0, 0.1)],
+        "cached": [_fake_run("cached0", 1300.0, cached_ci)],
+        "cold": [_fake_run("cold0", 1250.0, cold_ci)],
+    }
+    counter = itertools.count(1)
+    rerun = {
+        "cached": lambda: _fake_run(f"cached{next(counter)}", 1300.0, cached_ci),
+        "cold": lambda: _fake_run(f"cold{next(counter)}", 1250.0, cold_ci),
+    }
+    notes: list[str] = []
+    t0 = time.perf_counter() - elapsed_s
+    _refine(config, repeats, rerun, {"cached": 60.0, "cold": 80.0}, t0, lambda _m: None, notes)
+    return {k: len(v) for k, v in repeats.items()}, notes
+
+
+def test_refine_repeats_the_run_that_narrows_the_widest_share(jpegs):
+    # a noisy cached run, a precise cold one: only the cached run is repeated, until the
+    # widest share is within 3 points
+    counts, notes = _refine_case(jpegs, cached_ci=4.0, cold_ci=1.0)
+    assert counts["cold"] == 1 and 2 <= counts["cached"] <= 4, counts
+    assert not notes
+    counts, _ = _refine_case(jpegs, cached_ci=1.0, cold_ci=4.0)
+    assert counts["cached"] == 1 and counts["cold"] >= 2, counts
+
+
+def test_refine_stops_at_the_target_the_budget_and_the_repeat_cap(jpegs):
+    counts, notes = _refine_case(jpegs, cached_ci=1.0, cold_ci=1.0)
+    assert counts == {"ingestion_free": 1, "cached": 1, "cold": 1} and not notes
+    counts, notes = _refine_case(jpegs, cached_ci=4.0, cold_ci=4.0, budget_s=300, elapsed_s=250)
+    assert counts == {"ingestion_free": 1, "cached": 1, "cold": 1}
+    assert "--time-budget" in notes[0]
+    counts, notes = _refine_case(jpegs, cached_ci=30.0, cold_ci=30.0)
+    assert counts["cached"] == counts["cold"] == 4  # MAX_REPEATS each, then the note
+    assert "--time-budget" in notes[0]
 
 
 def test_ci_uses_the_gpus_step_times_when_the_host_runs_ahead():

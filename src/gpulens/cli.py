@@ -372,7 +372,8 @@ def stalls(
             result = run_stalls(
                 config, runs_dir(), progress=lambda msg: progress.update(task, description=msg)
             )
-    for run_id in {*result.runs.values(), *result.cold_runs}:
+    repeated = (run_id for ids in result.all_runs.values() for run_id in ids)
+    for run_id in {*result.runs.values(), *repeated}:
         if run_id:
             _store(runs_dir() / run_id, store)
     doc = result.as_dict()

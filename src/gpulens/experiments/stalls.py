@@ -31,7 +31,7 @@ from gpulens.workloads.train import LOADER_PREFETCH, TrainConfig, TrainResult, r
 log = logging.getLogger(__name__)
 
 COMPONENTS = ("compute", "prep_stall", "fetch_stall", "interconnect_stall", "network_stall")
-MAX_COLD_PASSES = 4
+MAX_REPEATS = 4  # runs of one kind (cached, cold) pooled at most
 RUN_KINDS = ("ingestion_free", "cached", "cold", "multi_gpu", "multi_gpu_socket")
 
 
@@ -87,7 +87,8 @@ class StallResult:
     workload: str
     device: str
     runs: dict[str, str | None] = field(default_factory=dict)
-    cold_runs: list[str] = field(default_factory=list)  # every cold pass, pooled
+    # Every run of each kind; repeats of a kind (to narrow its interval) are pooled.
+    all_runs: dict[str, list[str]] = field(default_factory=dict)
     throughput: dict[str, float | None] = field(default_factory=dict)
     throughput_ci95_pct: dict[str, float | None] = field(default_factory=dict)
     breakdown_pct: dict[str, float | None] = field(default_factory=dict)
@@ -104,7 +105,7 @@ class StallResult:
             "workload": self.workload,
             "device": self.device,
             "runs": self.runs,
-            "cold_runs": self.cold_runs,
+            "all_runs": self.all_runs,
             "throughput_samples_per_s": self.throughput,
             "throughput_ci95_pct": self.throughput_ci95_pct,
             "breakdown_pct": self.breakdown_pct,
@@ -354,59 +355,62 @@ def _describe_transport(result: TrainResult) -> str:
     return "NCCL reported " + ", ".join(got) if got else "transport not reported"
 
 
-def _cold_passes(
+def _breakdown_of(measured: dict[str, _Measured | None]):
+    return breakdown(
+        measured["ingestion_free"], measured["cached"], measured.get("cold"),  # type: ignore[arg-type]
+        measured.get("multi_gpu"), measured.get("multi_gpu_socket"),
+    )  # fmt: skip
+
+
+def _refine(
     config: StallsConfig,
-    files: list[Path],
-    run_pass: Callable[[], TrainResult],
-    run_ci_pct: float,
+    repeats: dict[str, list[TrainResult]],
+    rerun: dict[str, Callable[[], TrainResult | None]],
+    cost_s: dict[str, float],
     t0: float,
     say: Callable[[str], None],
-    result: StallResult,
-) -> list[TrainResult]:
-    """Evict the dataset and read it once, again while the CI target is missed and one more
-    pass fits in the time budget. Returns the passes (none when nothing could be evicted)."""
+    notes: list[str],
+) -> None:
+    """While a share's 95% interval is wider than the target, repeat the run (cached, or a
+    cold pass) that narrows the widest share most per second, if it fits in the time budget;
+    repeats of a kind are pooled. ``rerun[kind]`` returns None when it cannot repeat."""
     import time
 
-    from gpulens.workloads import pagecache
-
-    passes: list[TrainResult] = []
-    left_cached = []
     while True:
-        say("evicting the dataset from the page cache")
-        t_pass0 = time.perf_counter()
-        evicted = pagecache.evict(files)
-        if evicted.method is None:
-            result.notes.append(
-                f"fetch stall not measured: {evicted.note}"
-                if not passes
-                else f"cold run: no further pass, the eviction failed: {evicted.note}"
-            )
-            break
-        result.fetch_method = evicted.method
-        left_cached.append(100 * (evicted.resident_after or 0))
-        passes.append(run_pass())
-        result.cold_runs.append(passes[-1].run_id)
-        pass_s = time.perf_counter() - t_pass0
-        m = pooled(passes)
-        ci_pct = 100.0 * m.half_width_s / m.per_sample_s if m else math.inf
+        measured = {k: pooled(v) for k, v in repeats.items()}
+        _, cis = _breakdown_of(measured)
+        worst = max((v for v in cis.values() if v is not None), default=0.0)
+        if worst <= config.until_ci_pct:
+            return
         elapsed_s = time.perf_counter() - t0
-        if ci_pct <= run_ci_pct or len(passes) >= MAX_COLD_PASSES:
-            break
-        if elapsed_s + pass_s > config.time_budget_s:
-            result.notes.append(
-                f"cold run: {len(passes)} pass(es) give ±{ci_pct:.1f}%, short of "
-                f"±{run_ci_pct:.1f}%; another pass ({pass_s:.0f} s) would pass the "
-                f"{config.time_budget_s:.0f} s budget (--time-budget)"
+        best, best_rate = None, 0.0
+        for kind in rerun:
+            m, n = measured.get(kind), len(repeats.get(kind, []))
+            if m is None or n >= MAX_REPEATS or elapsed_s + cost_s[kind] > config.time_budget_s:
+                continue
+            # One more run like the others shrinks the pooled interval by sqrt(n / (n + 1)).
+            shrunk = _Measured(m.per_sample_s, m.half_width_s * math.sqrt(n / (n + 1)))
+            narrower = {**measured, kind: shrunk}
+            _, new_cis = _breakdown_of(narrower)
+            gain = worst - max(v for v in new_cis.values() if v is not None)
+            if gain / cost_s[kind] > best_rate:
+                best, best_rate = kind, gain / cost_s[kind]
+        if best is None:
+            notes.append(
+                f"the widest share's 95% interval is ±{worst:.1f} points, short of "
+                f"±{config.until_ci_pct:g}: no further repeat of the cached run or the cold pass "
+                f"fits in the {config.time_budget_s:.0f} s budget (--time-budget) or under the "
+                f"limit of {MAX_REPEATS} runs of each"
             )
-            break
-        say(f"cold pass {len(passes)}: ±{ci_pct:.1f}%, one more")
-    if passes:
-        result.notes.append(
-            f"cold run: {result.fetch_method} left at most {max(left_cached):.1f}% of the data "
-            f"cached; each file read once per pass; "
-            + (f"{len(passes)} passes, pooled" if len(passes) > 1 else "one pass")
-        )
-    return passes
+            return
+        say(f"widest interval ±{worst:.1f} points: repeating the {best} run")
+        t_run0 = time.perf_counter()
+        again = rerun[best]()
+        if again is None:
+            del rerun[best]
+            continue
+        repeats[best].append(again)
+        cost_s[best] = time.perf_counter() - t_run0
 
 
 def run_stalls(
@@ -447,22 +451,51 @@ def run_stalls(
     result.device = free.summary["device"]
     batch = free.summary["batch_size"]
 
+    from gpulens.workloads import pagecache
+
+    cost_s: dict[str, float] = {}
+    t_run0 = time.perf_counter()
     say("warming the page cache")
     warm_page_cache(files, result.notes)
     cached = train("cached", data=config.data, prep_timing=True, **budget)
+    cost_s["cached"] = time.perf_counter() - t_run0
     workers = cached.summary.get("workers") or 0
+    repeats: dict[str, list[TrainResult]] = {"ingestion_free": [free], "cached": [cached]}
 
+    def again_cached() -> TrainResult:
+        warm_page_cache(files, [])  # a cold pass may have left part of it out
+        return train("cached", data=config.data, **budget)
+
+    rerun: dict[str, Callable[[], TrainResult | None]] = {"cached": again_cached}
     cold: TrainResult | None = None
-    cold_passes: list[TrainResult] = []
     warmup = 2 * max(workers, 1) * LOADER_PREFETCH
     first_touch_steps = n_files // batch - warmup - max(workers, 1) * LOADER_PREFETCH - 1
+    left_cached_pct: list[float] = []
+
+    def cold_pass() -> TrainResult | None:
+        say("evicting the dataset from the page cache")
+        evicted = pagecache.evict(files)
+        if evicted.method is None:
+            result.notes.append(
+                f"fetch stall not measured: {evicted.note}"
+                if not left_cached_pct
+                else f"no further cold pass: the eviction failed: {evicted.note}"
+            )
+            return None
+        result.fetch_method = evicted.method
+        left_cached_pct.append(100 * (evicted.resident_after or 0))
+        return train(
+            "cold", data=config.data, steps=min(first_touch_steps, 10_000), warmup_steps=warmup
+        )
+
+    t_run0 = time.perf_counter()
     if config.emulated_storage:
         result.fetch_method = "emulated_storage"
-        cold = train(
+        rerun["cold"] = lambda: train(
             "cold", data=config.data, storage_latency_s=config.storage_latency_s,
             storage_bandwidth_bytes_per_s=config.storage_bandwidth_bytes_per_s, **budget,
         )  # fmt: skip
-        result.cold_runs.append(cold.run_id)
+        cold = rerun["cold"]()
     elif first_touch_steps < 10:
         result.notes.append(
             f"fetch stall not measured: the dataset ({n_files} files) is too small for a cold "
@@ -470,14 +503,12 @@ def run_stalls(
             f"larger one (at least {(warmup + 10 + 2 * max(workers, 1) * 2) * batch} files)"
         )
     else:
-        cold_passes = _cold_passes(
-            config, files, lambda: train(
-                "cold", data=config.data, steps=min(first_touch_steps, 10_000),
-                warmup_steps=warmup,
-            ),
-            run_ci_pct, t0, say, result,
-        )  # fmt: skip
-        cold = cold_passes[-1] if cold_passes else None
+        cold = cold_pass()
+        if cold is not None:
+            rerun["cold"] = cold_pass
+    if cold is not None:
+        repeats["cold"] = [cold]
+        cost_s["cold"] = time.perf_counter() - t_run0
     multi = multi_socket = None
     if config.gpus > 1:
         multi_common = dict(
@@ -515,14 +546,28 @@ def run_stalls(
             "N GPUs with DDP, with and without NCCL's peer-to-peer transport"
         )
 
-    m_free, m_cached = _measured(free), _measured(cached)
-    m_cold = _measured(cold)
-    if len(cold_passes) > 1 and (m_cold := pooled(cold_passes)) is not None:
-        result.throughput["cold"] = 1.0 / m_cold.per_sample_s
-        result.throughput_ci95_pct["cold"] = 100.0 * m_cold.half_width_s / m_cold.per_sample_s
-    result.breakdown_pct, result.breakdown_ci95_pp = breakdown(
-        m_free, m_cached, m_cold, _measured(multi), _measured(multi_socket)
-    )
+    if multi is not None:
+        repeats["multi_gpu"] = [multi]
+    if multi_socket is not None:
+        repeats["multi_gpu_socket"] = [multi_socket]
+    _refine(config, repeats, rerun, cost_s, t0, say, result.notes)
+    measured = {k: pooled(v) for k, v in repeats.items()}
+    for kind, runs in repeats.items():
+        result.all_runs[kind] = [r.run_id for r in runs]
+        m = measured[kind]
+        if len(runs) > 1 and m is not None:
+            result.throughput[kind] = 1.0 / m.per_sample_s
+            result.throughput_ci95_pct[kind] = 100.0 * m.half_width_s / m.per_sample_s
+            result.notes.append(
+                f"{kind}: {len(runs)} runs pooled to narrow its interval (all_runs)"
+            )
+    if left_cached_pct:
+        result.notes.append(
+            f"cold run: {result.fetch_method} left at most {max(left_cached_pct):.1f}% of the "
+            "data cached; each file read once per pass"
+        )
+    result.breakdown_pct, result.breakdown_ci95_pp = _breakdown_of(measured)
+    m_free, m_cached, m_cold = measured["ingestion_free"], measured["cached"], measured.get("cold")
 
     prep = summarize_prep(cached.record_dir, cached.summary["throughput_samples_per_s"])
     phases = cached.summary["phases_s"]
