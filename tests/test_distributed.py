@@ -98,7 +98,11 @@ def test_multi_gpu_breakdown_adds_the_communication_excess():
     assert shares["interconnect_stall"] == pytest.approx(50 / 3.5)
     assert shares["network_stall"] == pytest.approx(100 / 3.5)
     assert sum(shares.values()) == pytest.approx(100.0)
-    assert cis["interconnect_stall"] == pytest.approx(100 * (0.02**2 + 0.01**2) ** 0.5 / 3.5)
+    # share = (multi - free) / T with T = cold + socket - free: d/d multi = 1/T,
+    # d/d free = -1/T + 0.5/T^2 (the free run is in the total too)
+    d_free = -1 / 3.5 + 0.5 / 3.5**2
+    want = 100 * ((0.02 / 3.5) ** 2 + (0.01 * d_free) ** 2) ** 0.5
+    assert cis["interconnect_stall"] == pytest.approx(want)
     recs = recommend(shares, {}, current=100.0, workers=4)
     by_action = {r["action"].split(":")[0]: r for r in recs}
     network = next(r for r in recs if "NVLink" in r["action"])

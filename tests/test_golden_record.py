@@ -75,3 +75,28 @@ def test_load_series_over_a_store_holding_the_record(gpulens_home, record):
     gpu = gpulens.load_series(record.run_id, "gpu")
     assert {"sm_activity_pct", "tensor_activity_pct", "dram_bw_util_pct"} <= set(gpu.columns)
     assert gpu["power_w"].notna().all()
+
+
+SYNTHETIC = Path(__file__).parent / "fixtures" / "record_h100_resnet50_synthetic"
+
+
+def test_steady_gpu_run_gets_its_interval_from_the_gpus_step_times():
+    """The ingestion-free run of `gpulens stalls resnet50 --precision bf16` on an H100
+    (2026-11-23): 120 steps, 4 s. The host's step times carry the asynchrony at the window's
+    edges (first steps fast while the queue fills, the last slow at the synchronize) and give
+    about ±2.8%; the GPU's own step times show the steady ~3766 samples/s to ±0.2%."""
+    from gpulens.workloads.train import ci_step_times
+
+    rec = read_record(SYNTHETIC)
+    steps = rec.series("steps")
+    rows = [
+        {k: (None if isinstance(v, float) and v != v else v) for k, v in r.items()}
+        for r in steps[~steps["warmup"]].to_dict("records")
+    ]
+    host = throughput_ci([r["step_time_s"] for r in rows], 128)
+    gpu = throughput_ci(ci_step_times(rows), 128)
+    assert host.ci95_pct > 2.0
+    assert gpu.ci95_pct < 0.5
+    assert gpu.samples_per_s == pytest.approx(
+        rec.meta["summary"]["throughput_samples_per_s"], rel=0.01
+    )

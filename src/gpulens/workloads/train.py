@@ -576,7 +576,7 @@ def ci_step_times(rows: list[dict[str, Any]]) -> list[float]:
     step starts on the stream) where known, else the host's. The host runs ahead of an
     asynchronous GPU, so its first steps look fast and the step before a synchronize slow:
     edge effects that widen a short run's interval tenfold though the GPU's pace is steady."""
-    gpu = [r["gpu_step_time_s"] for r in rows if r.get("gpu_step_time_s")]
+    gpu = [t for r in rows if (t := r.get("gpu_step_time_s")) is not None and t > 0]
     # Rows resolve in order, and the last one never has a GPU time (no next step start).
     if len(gpu) >= max(2, len(rows) - 1 - 8):
         return gpu
