@@ -44,7 +44,7 @@ for k in b:
 print("throughput", {k: v and round(v) for k, v in doc["throughput_samples_per_s"].items()})
 print("run CIs %", {k: v and round(v, 2) for k, v in doc["throughput_ci95_pct"].items()})
 print("wall_s", doc["wall_s"], "max CI pp", max(v for v in ci.values() if v is not None))
-print("cold passes", doc["cold_runs"])
+print("all runs", doc["all_runs"])
 print(*doc["notes"], sep="\n")
 PY
   rm -f "$OUT/stalls.raw.json"
