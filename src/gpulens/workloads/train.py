@@ -28,6 +28,7 @@ from gpulens.probes.steps import STEPS_SCHEMA, StepTimer
 from gpulens.probes.summary import summarize_gpu, summarize_host
 from gpulens.record.writer import RunWriter
 from gpulens.stats import throughput_ci
+from gpulens.workloads.affinity import WORKER_AFFINITIES, worker_init
 from gpulens.workloads.devices import nvml_index_for, resolve_device
 from gpulens.workloads.models import WorkloadSpec, get_workload
 
@@ -73,6 +74,8 @@ class TrainConfig:
     # (no P2P, no shared memory: NCCL's network transport over TCP, as between hosts).
     nccl_transport: str = "default"
     ddp_bucket_mb: float | None = None
+    # Loader workers: "os" (where the scheduler puts them) or "cores" (one physical core each).
+    worker_affinity: str = "os"
 
     def __post_init__(self) -> None:
         if self.batch_size is not None and self.batch_size <= 0:
@@ -106,6 +109,11 @@ class TrainConfig:
             )
         if self.gpus == 1 and self.nccl_transport != "default":
             raise UsageError("--nccl-transport needs --gpus 2 or more")
+        if self.worker_affinity not in WORKER_AFFINITIES:
+            raise UsageError(
+                f"unknown worker affinity '{self.worker_affinity}': use one of "
+                f"{', '.join(WORKER_AFFINITIES)}"
+            )
         if self.ddp_bucket_mb is not None and self.ddp_bucket_mb <= 0:
             raise UsageError(f"--ddp-bucket-mb must be positive, got {self.ddp_bucket_mb}")
         if self.data == "synthetic" and (
@@ -250,6 +258,7 @@ def resolve_config(config: TrainConfig, spec: WorkloadSpec, device: torch.device
         "gpus": config.gpus,
         "nccl_transport": config.nccl_transport,
         "ddp_bucket_mb": config.ddp_bucket_mb,
+        "worker_affinity": config.worker_affinity,
         "seed": config.seed,
         "optimizer": None,  # filled once built
     }
@@ -359,6 +368,7 @@ def build_loader(
         pin_memory=device.type == "cuda",
         prefetch_factor=LOADER_PREFETCH if workers > 0 else None,
         collate_fn=collate_with_timing(timing_dir) if timing_dir else None,
+        worker_init_fn=worker_init(eff.get("worker_affinity", "os"), workers, rank),
     )
 
 
