@@ -101,3 +101,11 @@ def test_a_real_worker_runs_on_its_cpu():
 def test_unknown_affinity_is_a_usage_error():
     with pytest.raises(UsageError, match="use one of os, cores"):
         TrainConfig(workload="resnet18", worker_affinity="numa")
+
+
+def test_cli_rejects_an_unknown_affinity_in_one_line(capsys):
+    from gpulens.cli import main
+
+    assert main(["run", "tiny_cnn", "--worker-affinity", "numa"]) == 2
+    err = capsys.readouterr().err
+    assert "use one of os, cores" in err and "Traceback" not in err

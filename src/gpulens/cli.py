@@ -167,6 +167,12 @@ def run(
         help="With --gpus N: 'default' (P2P/NVLink) or 'socket' (NCCL over TCP, as between hosts).",
     ),  # fmt: skip
     ddp_bucket_mb: float = typer.Option(None, "--ddp-bucket-mb", help="DDP bucket size [25]."),
+    worker_affinity: str = typer.Option(
+        "os",
+        "--worker-affinity",
+        help="Loader workers where the OS scheduler puts them ('os') or pinned one per "
+        "physical core ('cores').",
+    ),
     name: str = typer.Option(None, "--name", help="A name for the run."),
     store: bool = typer.Option(True, "--store/--no-store", help="Log the run to MLflow."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
@@ -198,6 +204,8 @@ def run(
         extra = [k for k, v in given.items() if v is not None]
         if gpus != 1 or nccl_transport != "default":
             extra.append("--gpus/--nccl-transport")
+        if worker_affinity != "os":
+            extra.append("--worker-affinity")
         if extra or precision != "fp32" or data != "synthetic":
             raise UsageError(
                 f"{', '.join(extra) or '--precision/--data'} apply to built-in workloads only; "
@@ -214,7 +222,7 @@ def run(
         warmup_steps=warmup, device=device, precision=precision, workers=workers, data=data,
         until_ci_pct=until_ci, sample_hz=sample_hz, name=name, prep_timing=prep_timing,
         gpus=gpus, nccl_transport=nccl_transport, ddp_bucket_mb=ddp_bucket_mb,
-        storage_latency_s=storage_latency_ms / 1000.0,
+        worker_affinity=worker_affinity, storage_latency_s=storage_latency_ms / 1000.0,
         storage_bandwidth_bytes_per_s=_mb_per_s_to_bytes(storage_bandwidth_mbps),
     )  # fmt: skip
     result = _train(config, json_out, store)
@@ -306,8 +314,15 @@ def stalls(
     time_budget: float = typer.Option(
         300.0,
         "--time-budget",
-        help="Seconds for the whole breakdown: while the cold pass (one read of every file) "
-        "misses --until-ci, gpulens evicts the data again and repeats it, if one more pass fits.",
+        help="Seconds for the whole breakdown: while a share misses --until-ci, gpulens "
+        "repeats the cached run or the cold pass (evicting the data again), whichever narrows "
+        "it most per second, if one more run fits; repeats are pooled.",
+    ),
+    worker_affinity: str = typer.Option(
+        "os",
+        "--worker-affinity",
+        help="Loader workers where the OS scheduler puts them ('os') or pinned one per "
+        "physical core ('cores').",
     ),
     storage_latency_ms: float = typer.Option(
         0.0, "--storage-latency-ms", help="Emulate slow storage: per-file latency for the cold run."
@@ -347,6 +362,7 @@ def stalls(
             ("--gpus", gpus != 1), ("--precision", precision != "fp32"),
             ("--until-ci", until_ci != 3.0), ("--max-duration", max_duration != 60.0),
             ("--time-budget", time_budget != 300.0),
+            ("--worker-affinity", worker_affinity != "os"),
             ("--storage-latency-ms", storage_latency_ms != 0.0),
         ) if bad]  # fmt: skip
         if extra:
@@ -364,7 +380,7 @@ def stalls(
             workload=target[0], data=data, gpus=gpus, batch_size=batch_size, workers=workers,
             device=device, precision=precision, until_ci_pct=until_ci,
             max_duration_s=max_duration, time_budget_s=time_budget,
-            storage_latency_s=storage_latency_ms / 1000.0,
+            worker_affinity=worker_affinity, storage_latency_s=storage_latency_ms / 1000.0,
             storage_bandwidth_bytes_per_s=_mb_per_s_to_bytes(storage_bandwidth_mbps),
         )  # fmt: skip
         with _progress(json_out) as progress:

@@ -21,17 +21,22 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from gpulens.errors import UsageError
+from gpulens.workloads.affinity import WORKER_AFFINITIES
 from gpulens.workloads.train import LOADER_PREFETCH, TrainConfig, TrainResult, run_training
 
 log = logging.getLogger(__name__)
 
 COMPONENTS = ("compute", "prep_stall", "fetch_stall", "interconnect_stall", "network_stall")
-MAX_REPEATS = 4  # runs of one kind (cached, cold) pooled at most
+MAX_REPEATS = 8  # runs of one kind (cached, cold) pooled at most
+Z95 = 1.96  # two-sided 95% normal quantile
+COST_MARGIN = 1.1  # a repeat may run longer than the slowest one so far
 RUN_KINDS = ("ingestion_free", "cached", "cold", "multi_gpu", "multi_gpu_socket")
 
 
@@ -49,11 +54,13 @@ class StallsConfig:
     # Target 95% CI half-width of every share, in percentage points.
     until_ci_pct: float = 3.0
     max_duration_s: float = 60.0
-    # Repeat the cold pass (evicting again) while it misses the CI target and one more pass
-    # still fits in this many seconds of the whole breakdown.
+    # Repeat the cached run or the cold pass (evicting again) while a share misses the CI
+    # target and one more run still fits in this many seconds of the whole breakdown.
     time_budget_s: float = 300.0
     storage_latency_s: float = 0.0
     storage_bandwidth_bytes_per_s: float | None = None
+    # Loader workers where the scheduler puts them ("os") or one per physical core ("cores").
+    worker_affinity: str = "os"
 
     def __post_init__(self) -> None:
         if self.data == "synthetic":
@@ -72,6 +79,11 @@ class StallsConfig:
             raise UsageError(f"--until-ci must be in (0, 100) points, got {self.until_ci_pct}")
         if self.max_duration_s <= 0:
             raise UsageError(f"--max-duration must be positive, got {self.max_duration_s}")
+        if self.worker_affinity not in WORKER_AFFINITIES:
+            raise UsageError(
+                f"unknown worker affinity '{self.worker_affinity}': use one of "
+                f"{', '.join(WORKER_AFFINITIES)}"
+            )
         if self.time_budget_s <= 0:
             raise UsageError(f"--time-budget must be positive seconds, got {self.time_budget_s}")
 
@@ -123,6 +135,7 @@ class StallResult:
 class _Measured:
     per_sample_s: float
     half_width_s: float  # 95% CI half-width of per_sample_s
+    between_runs_pct: float = 0.0  # pooled runs: their spread beyond their own errors (SD, %)
 
 
 def _measured(result: TrainResult | None) -> _Measured | None:
@@ -139,16 +152,35 @@ def _measured(result: TrainResult | None) -> _Measured | None:
 
 
 def pooled(passes: list[TrainResult]) -> _Measured | None:
-    """Several independent runs of the same thing as one: time per sample weighted by the
-    samples each run measured, half-widths combined as independent errors."""
+    """Several runs of the same thing as one: time per sample weighted by the samples each run
+    measured. Its interval combines the runs' own errors and, when the runs disagree by more
+    than those allow, the spread between runs (DerSimonian-Laird random effects): on a VM, one
+    cold pass can read at another speed than the next, and a run's own interval cannot see
+    that."""
     parts = [(m, r.summary.get("throughput_samples_per_s") * r.summary.get("measured_wall_s"))
              for r in passes if (m := _measured(r)) is not None]  # fmt: skip
     if not parts:
         return None
     n = sum(samples for _, samples in parts)
     t = sum(m.per_sample_s * samples for m, samples in parts) / n
-    half = math.sqrt(sum((m.half_width_s * samples / n) ** 2 for m, samples in parts))
-    return _Measured(t, half)
+    var = [(m.half_width_s / Z95) ** 2 for m, _ in parts]
+    tau2 = _between_run_variance([m.per_sample_s for m, _ in parts], var)
+    half = Z95 * math.sqrt(
+        sum((samples / n) ** 2 * (v + tau2) for (_, samples), v in zip(parts, var, strict=True))
+    )
+    return _Measured(t, half, 100.0 * math.sqrt(tau2) / t)
+
+
+def _between_run_variance(means: list[float], variances: list[float]) -> float:
+    """DerSimonian-Laird estimate of the variance between runs beyond their own (0 when they
+    agree within their errors, or with one run)."""
+    if len(means) < 2 or any(not math.isfinite(v) or v <= 0 for v in variances):
+        return 0.0
+    w = [1.0 / v for v in variances]
+    s1, s2 = sum(w), sum(x * x for x in w)
+    fixed = sum(wi * m for wi, m in zip(w, means, strict=True)) / s1
+    q = sum(wi * (m - fixed) ** 2 for wi, m in zip(w, means, strict=True))
+    return max(0.0, (q - (len(means) - 1)) / (s1 - s2 / s1))
 
 
 def breakdown(
@@ -219,7 +251,8 @@ def what_if(
     mean_file_bytes: float | None,
     prep_cpu_s_per_sample: float | None,
 ) -> dict[str, Any]:
-    """Predicted throughput (samples/s) for other workers, cache sizes and storage.
+    """Predicted throughput (samples/s) for other workers (with the storage as measured: cold
+    when there is a cold run), cache sizes and storage.
 
     The model: the GPU needs ``t_if`` per sample; ``W`` loader processes each need ``t_prep``
     of CPU (and ``t_fetch`` waiting on storage) per sample; the slower side sets the pace.
@@ -234,11 +267,16 @@ def what_if(
         "model": "per sample: max(compute time, loader time per worker / workers); workers "
         "scale linearly up to the CPU count, each file's fetch adds latency + size / bandwidth"
     }
+    # Under the storage the breakdown measured (cold when there is a cold run), as the current
+    # throughput the recommendations compare with: each worker also waits on its reads.
+    t_fetch = 0.0
+    if cold is not None:
+        t_fetch = max(0.0, cold.per_sample_s - cached.per_sample_s) * max(workers, 1)
     worker_pred = {}
     for w in sorted({1, 2, 4, 8, 16, 32, workers, cpu_count}):
         if w < 1 or w > max(cpu_count, workers):
             continue
-        worker_pred[str(w)] = 1.0 / max(t_if, t_prep / w)
+        worker_pred[str(w)] = 1.0 / max(t_if, (t_prep + t_fetch) / w)
     out["workers"] = worker_pred
     if cold is not None:
         cache_pred = {}
@@ -362,6 +400,119 @@ def _breakdown_of(measured: dict[str, _Measured | None]):
     )  # fmt: skip
 
 
+def _read_time(run: TrainResult) -> tuple[float, float, int] | None:
+    """Mean read time per sample in a run's loader workers over its measured window, the
+    variance of that mean (batch means over 10 blocks in time order) and the sample count."""
+    from gpulens.workloads.prep_timing import read_prep
+
+    df = read_prep(run.record_dir)
+    s = run.summary
+    start, end = s.get("measured_start_unix_s"), s.get("measured_end_unix_s")
+    if start is not None:
+        df = df[df["time_unix_s"] >= start]
+    if end is not None:
+        df = df[df["time_unix_s"] <= end]
+    read_s = df[df["collate_s"].isna()].sort_values("time_unix_s")["read_s"].dropna().to_numpy()
+    if read_s.size < 20:
+        return None
+    blocks = [b.mean() for b in np.array_split(read_s, 10)]
+    return float(read_s.mean()), float(np.var(blocks, ddof=1) / len(blocks)), int(read_s.size)
+
+
+def _pooled_read(runs: list[TrainResult]) -> tuple[float, float] | None:
+    """Sample-weighted mean read time per sample over runs and the variance of that mean
+    (with the spread between runs where they disagree)."""
+    parts = [r for r in (_read_time(run) for run in runs) if r is not None]
+    if not parts:
+        return None
+    n = sum(k for *_, k in parts)
+    mean = sum(m * k for m, _, k in parts) / n
+    tau2 = _between_run_variance([m for m, *_ in parts], [v for _, v, _ in parts])
+    return mean, sum((k / n) ** 2 * (v + tau2) for _, v, k in parts)
+
+
+def read_stall_from_timers(
+    cached_runs: list[TrainResult],
+    cold_runs: list[TrainResult],
+    workers: int,
+    cold_s_per_sample: float,
+) -> dict[str, Any] | None:
+    """The fetch stall as the loader workers' own read timers see it: the extra read time per
+    sample of the cold runs over the cached ones, shared by ``workers``, as a percentage of the
+    cold time per sample, with its 95% CI half-width in points.
+
+    Valid while the loader sets the pace (the cold runs wait on data most of the time); it
+    leaves out what a storage wait costs afterwards (a worker decoding more slowly on cold CPU
+    caches), so it is a lower bound of the differential fetch stall, and it does not move with
+    the loader's speed from run to run. None without prep timing rows."""
+    cached, cold = _pooled_read(cached_runs), _pooled_read(cold_runs)
+    if cached is None or cold is None or workers < 1 or cold_s_per_sample <= 0:
+        return None
+    wait = [r.summary["phases_s"] for r in cold_runs]
+    loader_bound = all(p["step"] and p["data_wait"] > 0.5 * p["step"] for p in wait)
+    scale = 100.0 / (workers * cold_s_per_sample)
+    return {
+        "fetch_read_pct": scale * (cold[0] - cached[0]) if loader_bound else None,
+        "ci95_pp": scale * Z95 * math.sqrt(cold[1] + cached[1]) if loader_bound else None,
+        "read_ms_per_sample_cached": 1000.0 * cached[0],
+        "read_ms_per_sample_cold": 1000.0 * cold[0],
+        "loader_bound": loader_bound,
+    }
+
+
+def _widest(measured: dict[str, _Measured | None]) -> float:
+    _, cis = _breakdown_of(measured)
+    return max((v for v in cis.values() if v is not None), default=0.0)
+
+
+def _best_repeat(
+    measured: dict[str, _Measured | None],
+    counts: dict[str, int],
+    kinds: list[str],
+    cost_s: dict[str, float],
+) -> tuple[str | None, dict[str, _Measured | None]]:
+    """The kind whose next run narrows the widest share most per second, and the intervals
+    expected after it (``measured`` unchanged when none helps)."""
+    worst = _widest(measured)
+    best, best_rate, after = None, 0.0, measured
+    for kind in kinds:
+        m, n = measured.get(kind), counts.get(kind, 0)
+        if m is None or n == 0:
+            continue
+        # One more run like the others shrinks the pooled interval by sqrt(n / (n + 1)).
+        narrower = {
+            **measured,
+            kind: replace(m, half_width_s=m.half_width_s * math.sqrt(n / (n + 1))),
+        }
+        rate = (worst - _widest(narrower)) / cost_s[kind]
+        if rate > best_rate:
+            best, best_rate, after = kind, rate, narrower
+    return best, after
+
+
+def _time_to_target(
+    measured: dict[str, _Measured | None],
+    counts: dict[str, int],
+    kinds: list[str],
+    cost_s: dict[str, float],
+    target_pp: float,
+    limit: int = 32,
+) -> float | None:
+    """Seconds of further runs that would bring every share within ``target_pp``, if the runs
+    to come scatter like those so far; None when ``limit`` more runs would not."""
+    counts, total_s = dict(counts), 0.0
+    for _ in range(limit):
+        if _widest(measured) <= target_pp:
+            return total_s
+        open_kinds = [k for k in kinds if counts.get(k, 0) < MAX_REPEATS]
+        kind, measured = _best_repeat(measured, counts, open_kinds, cost_s)
+        if kind is None:
+            return None
+        counts[kind] += 1
+        total_s += cost_s[kind]
+    return total_s if _widest(measured) <= target_pp else None
+
+
 def _refine(
     config: StallsConfig,
     repeats: dict[str, list[TrainResult]],
@@ -373,34 +524,36 @@ def _refine(
 ) -> None:
     """While a share's 95% interval is wider than the target, repeat the run (cached, or a
     cold pass) that narrows the widest share most per second, if it fits in the time budget;
-    repeats of a kind are pooled. ``rerun[kind]`` returns None when it cannot repeat."""
+    repeats of a kind are pooled. ``rerun[kind]`` returns None when it cannot repeat.
+    ``cost_s[kind]`` is the slowest run of that kind so far (updated here)."""
     import time
 
     while True:
         measured = {k: pooled(v) for k, v in repeats.items()}
-        _, cis = _breakdown_of(measured)
-        worst = max((v for v in cis.values() if v is not None), default=0.0)
+        worst = _widest(measured)
         if worst <= config.until_ci_pct:
             return
         elapsed_s = time.perf_counter() - t0
-        best, best_rate = None, 0.0
-        for kind in rerun:
-            m, n = measured.get(kind), len(repeats.get(kind, []))
-            if m is None or n >= MAX_REPEATS or elapsed_s + cost_s[kind] > config.time_budget_s:
-                continue
-            # One more run like the others shrinks the pooled interval by sqrt(n / (n + 1)).
-            shrunk = _Measured(m.per_sample_s, m.half_width_s * math.sqrt(n / (n + 1)))
-            narrower = {**measured, kind: shrunk}
-            _, new_cis = _breakdown_of(narrower)
-            gain = worst - max(v for v in new_cis.values() if v is not None)
-            if gain / cost_s[kind] > best_rate:
-                best, best_rate = kind, gain / cost_s[kind]
+        counts = {k: len(v) for k, v in repeats.items()}
+        fits = [
+            kind for kind in rerun
+            if counts.get(kind, 0) < MAX_REPEATS
+            and elapsed_s + COST_MARGIN * cost_s[kind] <= config.time_budget_s
+        ]  # fmt: skip
+        best, _ = _best_repeat(measured, counts, fits, cost_s)
         if best is None:
+            more_s = _time_to_target(measured, counts, list(rerun), cost_s, config.until_ci_pct)
+            need = (
+                f"; about {more_s:.0f} s more of runs would reach it "
+                f"(--time-budget {config.time_budget_s + more_s:.0f})"
+                if more_s is not None
+                else ""
+            )
             notes.append(
                 f"the widest share's 95% interval is ±{worst:.1f} points, short of "
                 f"±{config.until_ci_pct:g}: no further repeat of the cached run or the cold pass "
                 f"fits in the {config.time_budget_s:.0f} s budget (--time-budget) or under the "
-                f"limit of {MAX_REPEATS} runs of each"
+                f"limit of {MAX_REPEATS} runs of each{need}"
             )
             return
         say(f"widest interval ±{worst:.1f} points: repeating the {best} run")
@@ -410,7 +563,7 @@ def _refine(
             del rerun[best]
             continue
         repeats[best].append(again)
-        cost_s[best] = time.perf_counter() - t_run0
+        cost_s[best] = max(cost_s[best], time.perf_counter() - t_run0)
 
 
 def run_stalls(
@@ -431,6 +584,7 @@ def run_stalls(
     common = dict(
         workload=config.workload, batch_size=config.batch_size, device=config.device,
         precision=config.precision, workers=config.workers,
+        worker_affinity=config.worker_affinity,
     )  # fmt: skip
     result = StallResult(workload=config.workload, device=config.device or "")
 
@@ -464,7 +618,7 @@ def run_stalls(
 
     def again_cached() -> TrainResult:
         warm_page_cache(files, [])  # a cold pass may have left part of it out
-        return train("cached", data=config.data, **budget)
+        return train("cached", data=config.data, prep_timing=True, **budget)
 
     rerun: dict[str, Callable[[], TrainResult | None]] = {"cached": again_cached}
     cold: TrainResult | None = None
@@ -485,15 +639,17 @@ def run_stalls(
         result.fetch_method = evicted.method
         left_cached_pct.append(100 * (evicted.resident_after or 0))
         return train(
-            "cold", data=config.data, steps=min(first_touch_steps, 10_000), warmup_steps=warmup
-        )
+            "cold", data=config.data, steps=min(first_touch_steps, 10_000), warmup_steps=warmup,
+            prep_timing=True,
+        )  # fmt: skip
 
     t_run0 = time.perf_counter()
     if config.emulated_storage:
         result.fetch_method = "emulated_storage"
         rerun["cold"] = lambda: train(
             "cold", data=config.data, storage_latency_s=config.storage_latency_s,
-            storage_bandwidth_bytes_per_s=config.storage_bandwidth_bytes_per_s, **budget,
+            storage_bandwidth_bytes_per_s=config.storage_bandwidth_bytes_per_s, prep_timing=True,
+            **budget,
         )  # fmt: skip
         cold = rerun["cold"]()
     elif first_touch_steps < 10:
@@ -558,8 +714,15 @@ def run_stalls(
         if len(runs) > 1 and m is not None:
             result.throughput[kind] = 1.0 / m.per_sample_s
             result.throughput_ci95_pct[kind] = 100.0 * m.half_width_s / m.per_sample_s
+            rates = ", ".join(f"{r.summary['throughput_samples_per_s']:.0f}" for r in runs)
+            spread = (
+                f"; they differ by more than their own intervals allow, so the interval includes "
+                f"the spread between runs (±{m.between_runs_pct:.1f}% SD)"
+                if m.between_runs_pct > 0
+                else ""
+            )
             result.notes.append(
-                f"{kind}: {len(runs)} runs pooled to narrow its interval (all_runs)"
+                f"{kind}: {len(runs)} runs pooled ({rates} samples/s; all_runs){spread}"
             )
     if left_cached_pct:
         result.notes.append(
@@ -578,6 +741,11 @@ def run_stalls(
         "workers_starved": prep.get("workers_starved") if prep else None,
         "explanation": prep.get("explanation") if prep else None,
         "from_run": cached.run_id,
+        "read_stall_from_timers": (
+            read_stall_from_timers(repeats["cached"], repeats["cold"], workers, m_cold.per_sample_s)
+            if m_cold is not None and "cold" in repeats
+            else None
+        ),
     }
     current = result.throughput.get("cold") or result.throughput["cached"]
     result.what_if = what_if(
