@@ -732,8 +732,13 @@ def run_stalls(
     result.breakdown_pct, result.breakdown_ci95_pp = _breakdown_of(measured)
     m_free, m_cached, m_cold = measured["ingestion_free"], measured["cached"], measured.get("cold")
 
-    prep = summarize_prep(cached.record_dir, cached.summary["throughput_samples_per_s"])
     phases = cached.summary["phases_s"]
+    prep = summarize_prep(
+        cached.record_dir, cached.summary["throughput_samples_per_s"],
+        start_unix_s=cached.summary.get("measured_start_unix_s"),
+        end_unix_s=cached.summary.get("measured_end_unix_s"),
+        data_wait_fraction=phases["data_wait"] / phases["step"] if phases["step"] else None,
+    )  # fmt: skip
     stages = (prep or {}).get("stages") or {}
     result.single_run_estimate_pct = {
         "data_wait": 100.0 * phases["data_wait"] / phases["step"] if phases["step"] else None,

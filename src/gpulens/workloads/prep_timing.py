@@ -45,6 +45,9 @@ FLUSH_INTERVAL_S = 1.0
 STAGES = ("read", "decode", "augment", "collate")
 STARVED_CAPACITY_RATIO = 1.1  # loader capacity at or below this x consumption: prep-bound
 MAIN_PROCESS_PREP_FRACTION = 0.1  # workers=0: prep above this share of the time is a bottleneck
+# The training loop waiting for data longer than this share of its time: the loader is the
+# bottleneck whatever the workers' timed work says (hand-over and pinning are not timed).
+STARVED_DATA_WAIT_FRACTION = 0.2
 
 PREP_SCHEMA = pa.schema(
     [
@@ -304,6 +307,7 @@ def summarize_prep(
     workers: int | None = None,
     start_unix_s: float | None = None,
     end_unix_s: float | None = None,
+    data_wait_fraction: float | None = None,
 ) -> dict[str, Any]:
     """Where data-prep time goes, per stage and per worker, and whether the loader keeps up.
 
@@ -314,11 +318,14 @@ def summarize_prep(
 
     The loader can deliver ``workers / prep_s_per_sample`` samples/s; at or below
     ``1.1 x`` the consumption, data prep is the bottleneck (``workers_starved`` is True: the
-    training waits on workers that cannot keep up). With ``workers=0`` prep runs in the training
-    loop itself and counts as a bottleneck above 10% of the time. ``prep_s_per_sample`` is wall
-    time (read + decode + augment + collate per sample), ``cpu_s_per_sample`` the CPU part of it
-    and ``wait_s_per_sample`` the rest (storage, emulated delay, CPU contention). Returns plain
-    data; what was not recorded is None.
+    training waits on workers that cannot keep up). So it is, too, when the training loop waits
+    for data more than 20% of its time (``data_wait_fraction``, from the step timer): then the
+    workers' untimed time (handing batches over, pinning) makes up the difference. With
+    ``workers=0`` prep runs in the training loop itself and counts as a bottleneck above 10% of
+    the time. ``prep_s_per_sample`` is wall time (read + decode + augment + collate per
+    sample), ``cpu_s_per_sample`` the CPU part of it and ``wait_s_per_sample`` the rest
+    (storage, emulated delay, CPU contention). Returns plain data; what was not recorded is
+    None.
     """
     df = read_prep(run_dir)
     if start_unix_s is not None:
@@ -432,13 +439,20 @@ def summarize_prep(
             + ("; use worker processes" if out["workers_starved"] else "")
         )
         return out
-    out["workers_starved"] = bool(ratio <= STARVED_CAPACITY_RATIO)
+    waits = data_wait_fraction is not None and data_wait_fraction > STARVED_DATA_WAIT_FRACTION
+    out["workers_starved"] = bool(ratio <= STARVED_CAPACITY_RATIO or waits)
     verdict = (
         "data prep is the bottleneck: add workers or make the "
         f"{top} stage cheaper ({top_pct:.0f}% of prep)"
         if out["workers_starved"]
         else "the loader keeps up"
     )
+    if waits and ratio > STARVED_CAPACITY_RATIO:
+        verdict = (
+            f"yet the training waits for data {data_wait_fraction:.0%} of the time: the workers "
+            "lose the rest handing batches over (inter-process copy, pinning), so the loader is "
+            "the bottleneck: add workers, or make batches cheaper to hand over"
+        )
     out["explanation"] = (
         f"{n_workers} workers x 1/{prep_s * 1e3:.2f} ms per sample can deliver "
         f"{capacity:.1f} samples/s, {ratio:.2f}x the {consumed_samples_per_s:.1f} samples/s "
