@@ -259,6 +259,7 @@ def test_refine_stops_at_the_target_the_budget_and_the_repeat_cap(jpegs):
     counts, notes = _refine_case(jpegs, cached_ci=30.0, cold_ci=30.0)
     assert counts["cached"] == counts["cold"] == MAX_REPEATS
     assert "--time-budget" in notes[0] and "more of runs would reach it" not in notes[0]
+    assert f"even {MAX_REPEATS} runs of each would likely not reach it" in notes[0]
 
 
 def test_refine_names_a_budget_that_would_reach_the_target_and_it_does(jpegs):

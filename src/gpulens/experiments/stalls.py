@@ -547,7 +547,7 @@ def _refine(
                 f"; about {more_s:.0f} s more of runs would reach it "
                 f"(--time-budget {config.time_budget_s + more_s:.0f})"
                 if more_s is not None
-                else ""
+                else f"; even {MAX_REPEATS} runs of each would likely not reach it"
             )
             notes.append(
                 f"the widest share's 95% interval is ±{worst:.1f} points, short of "
