@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -441,10 +442,12 @@ def read_stall_from_timers(
     sample of the cold runs over the cached ones, shared by ``workers``, as a percentage of the
     cold time per sample, with its 95% CI half-width in points.
 
-    Valid while the loader sets the pace (the cold runs wait on data most of the time); it
-    leaves out what a storage wait costs afterwards (a worker decoding more slowly on cold CPU
-    caches), so it is a lower bound of the differential fetch stall, and it does not move with
-    the loader's speed from run to run. None without prep timing rows."""
+    It does not move with the loader's speed from run to run. It is the fetch stall while the
+    loader sets the pace (the cold runs wait on data most of the time) and reading changes
+    nothing else: a worker that decodes more slowly after a storage wait makes the real stall
+    larger (0.3-1.1 ms per sample in the H100 validation), and on an oversubscribed CPU a
+    waiting worker leaves the CPU to the others and makes it smaller. None without prep timing
+    rows."""
     cached, cold = _pooled_read(cached_runs), _pooled_read(cold_runs)
     if cached is None or cold is None or workers < 1 or cold_s_per_sample <= 0:
         return None
@@ -457,6 +460,7 @@ def read_stall_from_timers(
         "read_ms_per_sample_cached": 1000.0 * cached[0],
         "read_ms_per_sample_cold": 1000.0 * cold[0],
         "loader_bound": loader_bound,
+        "cpu_oversubscribed": workers + 1 > (os.cpu_count() or 1),
     }
 
 

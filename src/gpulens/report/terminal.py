@@ -208,7 +208,7 @@ def render_stalls(console: Console, doc: dict[str, Any], width: int = 60) -> Non
             f"the workers' read timers: cold reads add {timers['fetch_read_pct']:.1f}% "
             f"± {timers['ci95_pp']:.1f} pp to the cold time ("
             f"{timers['read_ms_per_sample_cold']:.2f} vs {timers['read_ms_per_sample_cached']:.2f}"
-            " ms per sample read), a lower bound of the fetch stall"
+            " ms per sample read)"
         )
     wi = doc.get("what_if") or {}
     if wi.get("workers"):
