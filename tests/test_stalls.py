@@ -258,7 +258,6 @@ def test_refine_stops_at_the_target_the_budget_and_the_repeat_cap(jpegs):
     assert counts["cached"] == counts["cold"] == MAX_REPEATS
     assert "--time-budget" in notes[0] and "more of runs would reach it" not in notes[0]
     assert f"even {MAX_REPEATS} runs of each would likely not reach it" in notes[0]
-    assert f"even {MAX_REPEATS} runs of each would likely not reach it" in notes[0]
 
 
 def test_refine_names_a_budget_that_would_reach_the_target_and_it_does(jpegs):
