@@ -162,14 +162,24 @@ def pooled(passes: list[TrainResult]) -> _Measured | None:
              for r in passes if (m := _measured(r)) is not None]  # fmt: skip
     if not parts:
         return None
-    n = sum(samples for _, samples in parts)
-    t = sum(m.per_sample_s * samples for m, samples in parts) / n
-    var = [(m.half_width_s / Z95) ** 2 for m, _ in parts]
-    tau2 = _between_run_variance([m.per_sample_s for m, _ in parts], var)
-    half = Z95 * math.sqrt(
-        sum((samples / n) ** 2 * (v + tau2) for (_, samples), v in zip(parts, var, strict=True))
+    t, var, tau2 = _pool(
+        [m.per_sample_s for m, _ in parts],
+        [(m.half_width_s / Z95) ** 2 for m, _ in parts],
+        [samples for _, samples in parts],
     )
-    return _Measured(t, half, 100.0 * math.sqrt(tau2) / t)
+    return _Measured(t, Z95 * math.sqrt(var), 100.0 * math.sqrt(tau2) / t)
+
+
+def _pool(
+    means: list[float], variances: list[float], weights: list[float]
+) -> tuple[float, float, float]:
+    """Weighted mean of runs' estimates, the variance of that mean (each run's own variance
+    plus the spread between runs) and that spread."""
+    total = sum(weights)
+    mean = sum(m * w for m, w in zip(means, weights, strict=True)) / total
+    tau2 = _between_run_variance(means, variances)
+    var = sum((w / total) ** 2 * (v + tau2) for v, w in zip(variances, weights, strict=True))
+    return mean, var, tau2
 
 
 def _between_run_variance(means: list[float], variances: list[float]) -> float:
@@ -406,13 +416,8 @@ def _read_time(run: TrainResult) -> tuple[float, float, int] | None:
     variance of that mean (batch means over 10 blocks in time order) and the sample count."""
     from gpulens.workloads.prep_timing import read_prep
 
-    df = read_prep(run.record_dir)
     s = run.summary
-    start, end = s.get("measured_start_unix_s"), s.get("measured_end_unix_s")
-    if start is not None:
-        df = df[df["time_unix_s"] >= start]
-    if end is not None:
-        df = df[df["time_unix_s"] <= end]
+    df = read_prep(run.record_dir, s.get("measured_start_unix_s"), s.get("measured_end_unix_s"))
     read_s = df[df["collate_s"].isna()].sort_values("time_unix_s")["read_s"].dropna().to_numpy()
     if read_s.size < 20:
         return None
@@ -426,10 +431,8 @@ def _pooled_read(runs: list[TrainResult]) -> tuple[float, float] | None:
     parts = [r for r in (_read_time(run) for run in runs) if r is not None]
     if not parts:
         return None
-    n = sum(k for *_, k in parts)
-    mean = sum(m * k for m, _, k in parts) / n
-    tau2 = _between_run_variance([m for m, *_ in parts], [v for _, v, _ in parts])
-    return mean, sum((k / n) ** 2 * (v + tau2) for _, v, k in parts)
+    mean, var, _ = _pool([m for m, _, _ in parts], [v for _, v, _ in parts], [k for *_, k in parts])
+    return mean, var
 
 
 def read_stall_from_timers(

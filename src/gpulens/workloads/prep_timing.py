@@ -277,8 +277,13 @@ def _series_dir(run_dir: Path) -> Path:
     return d if d.is_dir() else Path(run_dir)
 
 
-def read_prep(run_dir: str | os.PathLike) -> pd.DataFrame:
-    """All prep rows of a run (``run_dir/series/prep_*`` or ``run_dir/prep_*``), one frame."""
+def read_prep(
+    run_dir: str | os.PathLike,
+    start_unix_s: float | None = None,
+    end_unix_s: float | None = None,
+) -> pd.DataFrame:
+    """The prep rows of a run (``run_dir/series/prep_*`` or ``run_dir/prep_*``), one frame;
+    only those within ``[start_unix_s, end_unix_s]`` where given (the measured window)."""
     from gpulens.record.reader import read_series_table
 
     d = _series_dir(Path(run_dir))
@@ -293,7 +298,12 @@ def read_prep(run_dir: str | os.PathLike) -> pd.DataFrame:
     tables = [t.cast(PREP_SCHEMA) for t in tables if t.num_columns]
     if not tables:
         return PREP_SCHEMA.empty_table().to_pandas()
-    return pa.concat_tables(tables).to_pandas()
+    df = pa.concat_tables(tables).to_pandas()
+    if start_unix_s is not None:
+        df = df[df["time_unix_s"] >= start_unix_s]
+    if end_unix_s is not None:
+        df = df[df["time_unix_s"] <= end_unix_s]
+    return df
 
 
 def _num(x: float | None, digits: int = 9) -> float | None:
@@ -327,11 +337,7 @@ def summarize_prep(
     (storage, emulated delay, CPU contention). Returns plain data; what was not recorded is
     None.
     """
-    df = read_prep(run_dir)
-    if start_unix_s is not None:
-        df = df[df["time_unix_s"] >= start_unix_s]
-    if end_unix_s is not None:
-        df = df[df["time_unix_s"] <= end_unix_s]
+    df = read_prep(run_dir, start_unix_s, end_unix_s)
     samples = df[df["collate_s"].isna()]
     batches = df[df["collate_s"].notna()]
     n_samples = len(samples)
