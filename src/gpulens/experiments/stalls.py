@@ -6,6 +6,14 @@ Three single-GPU runs of the same training give the time per sample with
 - cold data (evicted from the page cache, or behind emulated slow storage): + fetch from storage.
 Their differences are the prep stall and the fetch stall.
 
+When the cached run waits on its loader (the usual case for image training), the fetch stall
+comes from one paired cold run instead of a separate cold run (:mod:`gpulens.workloads.paired`):
+the loader workers alternate, batch by batch, between the cached half of the files and the
+evicted half, and each cold batch is compared with the same worker's cached batches just before
+and after it. Separate cached and cold runs on a VM differ by 10% or more from the CPU's speed
+alone; neighbours a second apart do not. The workers' extra time per sample, shared by ``W``
+workers, is what the cold data adds to the loader's (and so the loop's) time per sample.
+
 With ``gpus`` N > 1, two more runs without ingestion, each process with the same per-GPU batch:
 - N GPUs with real DDP (gradient all-reduce overlapped with the backward pass, as DDP does by
   default; Stash switched the overlap off): its excess time per step over the 1-GPU run is the
@@ -111,6 +119,8 @@ class StallResult:
     recommendations: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     fetch_method: str | None = None
+    # The paired cold runs behind the fetch stall, when it came from them.
+    fetch_paired: dict[str, Any] | None = None
     wall_s: float | None = None  # the whole breakdown, every run and the cache handling
 
     def as_dict(self) -> dict[str, Any]:
@@ -124,12 +134,20 @@ class StallResult:
             "breakdown_pct": self.breakdown_pct,
             "breakdown_ci95_pp": self.breakdown_ci95_pp,
             "fetch_method": self.fetch_method,
+            "fetch_paired": self.fetch_paired,
             "single_run_estimate_pct": self.single_run_estimate_pct,
             "what_if": self.what_if,
             "recommendations": self.recommendations,
             "notes": self.notes,
             "wall_s": self.wall_s,
         }
+
+
+PAIRED_KIND = "paired_cold"
+# The cached run must wait on its loader this much of the time for the paired design: the
+# loader then sets the pace, and what slows the workers slows the loop by as much. Below it,
+# the GPU's pace could absorb part of a slower loader, which only a separate cold run shows.
+LOADER_BOUND_DATA_WAIT = 0.2
 
 
 @dataclass(frozen=True)
@@ -170,6 +188,33 @@ def pooled(passes: list[TrainResult]) -> _Measured | None:
     return _Measured(t, Z95 * math.sqrt(var), 100.0 * math.sqrt(tau2) / t)
 
 
+def pooled_paired(runs: list[TrainResult]) -> _Measured | None:
+    """The fetch stall per sample from paired cold runs: the workers' extra time per cold
+    sample (``summary["paired_fetch"]``) over the number of workers, pooled like ``pooled``
+    (weights: cold samples compared)."""
+    parts = [
+        (r.summary["paired_fetch"], max(1, r.summary.get("workers") or 1))
+        for r in runs
+        if r.summary.get("paired_fetch")
+    ]
+    if not parts:
+        return None
+    t, var, tau2 = _pool(
+        [f["extra_s_per_sample"] / w for f, w in parts],
+        [(f["extra_ci95_s"] / w / Z95) ** 2 for f, w in parts],
+        [f["cold_samples"] for f, _ in parts],
+    )
+    return _Measured(t, Z95 * math.sqrt(var), 100.0 * math.sqrt(tau2) / t if t > 0 else 0.0)
+
+
+def _measure(kind: str, runs: list[TrainResult]) -> _Measured | None:
+    return pooled_paired(runs) if kind == PAIRED_KIND else pooled(runs)
+
+
+def _measure_all(repeats: dict[str, list[TrainResult]]) -> dict[str, _Measured | None]:
+    return {kind: _measure(kind, runs) for kind, runs in repeats.items()}
+
+
 def _pool(
     means: list[float], variances: list[float], weights: list[float]
 ) -> tuple[float, float, float]:
@@ -200,22 +245,25 @@ def breakdown(
     cold: _Measured | None,
     multi_gpu: _Measured | None = None,
     multi_gpu_socket: _Measured | None = None,
+    fetch: _Measured | None = None,
 ) -> tuple[dict[str, float | None], dict[str, float | None]]:
     """Shares (percent) of the total time per sample and GPU, and their 95% CI half-widths in
     percentage points (first-order propagation of the runs' own intervals, taken as
-    independent).
+    independent). ``fetch``, the fetch stall per sample measured directly (a paired cold run),
+    stands for ``cold - cached`` when given.
 
     All times are per sample and per GPU (an N-GPU run's is N / its total throughput). The
     total is the compute time plus every stall, which, when no run is faster than the one it
     is compared with, is the slowest data run (cold, else cached) plus the interconnect and
     network excesses."""
     runs = {"free": ingestion_free, "cached": cached, "cold": cold, "multi": multi_gpu,
-            "socket": multi_gpu_socket}  # fmt: skip
+            "socket": multi_gpu_socket, "fetch": fetch}  # fmt: skip
+    fetch_term = {"fetch": 1.0} if fetch else {"cold": 1.0, "cached": -1.0} if cold else None
     # Each component is a difference of run times: {run: coefficient}.
     terms: dict[str, dict[str, float] | None] = {
         "compute": {"free": 1.0},
         "prep_stall": {"cached": 1.0, "free": -1.0},
-        "fetch_stall": {"cold": 1.0, "cached": -1.0} if cold else None,
+        "fetch_stall": fetch_term,
         "interconnect_stall": {"multi": 1.0, "free": -1.0} if multi_gpu else None,
         "network_stall": (
             {"socket": 1.0, "multi": -1.0} if multi_gpu and multi_gpu_socket else None
@@ -407,8 +455,59 @@ def _describe_transport(result: TrainResult) -> str:
 def _breakdown_of(measured: dict[str, _Measured | None]):
     return breakdown(
         measured["ingestion_free"], measured["cached"], measured.get("cold"),  # type: ignore[arg-type]
-        measured.get("multi_gpu"), measured.get("multi_gpu_socket"),
+        measured.get("multi_gpu"), measured.get("multi_gpu_socket"), measured.get(PAIRED_KIND),
     )  # fmt: skip
+
+
+def _cold_from_paired(cached: _Measured, fetch: _Measured) -> _Measured:
+    """The cold time per sample that a paired run implies: cached plus the fetch stall."""
+    return _Measured(
+        cached.per_sample_s + fetch.per_sample_s,
+        math.hypot(cached.half_width_s, fetch.half_width_s),
+    )
+
+
+def _wait_pct(run: TrainResult) -> float:
+    phases = run.summary.get("phases_s") or {}
+    step, wait = phases.get("step"), phases.get("data_wait")
+    return 100.0 * wait / step if step and wait is not None else 0.0
+
+
+def _loader_bound(run: TrainResult) -> bool:
+    phases = run.summary.get("phases_s") or {}
+    step, wait = phases.get("step"), phases.get("data_wait")
+    return bool(step and wait is not None and wait >= LOADER_BOUND_DATA_WAIT * step)
+
+
+def read_stall_from_paired(
+    runs: list[TrainResult], workers: int, cold_s_per_sample: float
+) -> dict[str, Any] | None:
+    """``read_stall_from_timers`` from paired cold runs: only the read part of the workers'
+    extra time per cold sample (no slower decoding after a wait), as a share of the cold time
+    per sample."""
+    parts = [r.summary["paired_fetch"] for r in runs if r.summary.get("paired_fetch")]
+    if not parts or workers < 1 or cold_s_per_sample <= 0:
+        return None
+    mean, var, _ = _pool(
+        [f["extra_read_s_per_sample"] for f in parts],
+        [(f["extra_read_ci95_s"] / Z95) ** 2 for f in parts],
+        [f["cold_samples"] for f in parts],
+    )
+    scale = 100.0 / (workers * cold_s_per_sample)
+
+    def read_ms(kind: str) -> float:
+        weights = [f["cold_samples"] for f in parts]
+        values = [f[f"read_s_per_sample_{kind}"] for f in parts]
+        return 1000.0 * float(np.average(values, weights=weights))
+
+    return {
+        "fetch_read_pct": scale * mean,
+        "ci95_pp": scale * Z95 * math.sqrt(var),
+        "read_ms_per_sample_cached": read_ms("cached"),
+        "read_ms_per_sample_cold": read_ms("cold"),
+        "loader_bound": True,
+        "cpu_oversubscribed": workers + 1 > (os.cpu_count() or 1),
+    }
 
 
 def _read_time(run: TrainResult) -> tuple[float, float, int] | None:
@@ -536,7 +635,7 @@ def _refine(
     import time
 
     while True:
-        measured = {k: pooled(v) for k, v in repeats.items()}
+        measured = _measure_all(repeats)
         worst = _widest(measured)
         if worst <= config.until_ci_pct:
             return
@@ -558,7 +657,7 @@ def _refine(
             )
             notes.append(
                 f"the widest share's 95% interval is ±{worst:.1f} points, short of "
-                f"±{config.until_ci_pct:g}: no further repeat of the cached run or the cold pass "
+                f"±{config.until_ci_pct:g}: no further repeat of the cached run or the cold one "
                 f"fits in the {config.time_budget_s:.0f} s budget (--time-budget) or under the "
                 f"limit of {MAX_REPEATS} runs of each{need}"
             )
@@ -573,6 +672,48 @@ def _refine(
         cost_s[best] = max(cost_s[best], time.perf_counter() - t_run0)
 
 
+def _effective_config(result: TrainResult) -> dict[str, Any]:
+    import json
+
+    try:
+        run = json.loads((result.record_dir / "run.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return run.get("effective_config") or {}
+
+
+def _paired_summary(
+    runs: list[TrainResult], cached: _Measured, fetch: _Measured, workers: int
+) -> dict[str, Any]:
+    """What the paired cold runs measured, and a check: a paired run's own pace, half its
+    samples cold, against the pace the breakdown implies for it."""
+    per_run = []
+    for r in runs:
+        f = r.summary["paired_fetch"]
+        tput = r.summary.get("throughput_samples_per_s")
+        expected = 1.0 / (cached.per_sample_s + 0.5 * fetch.per_sample_s)
+        per_run.append(
+            {
+                "run_id": r.run_id,
+                "extra_ms_per_cold_sample": 1000.0 * f["extra_s_per_sample"],
+                "extra_ci95_ms": 1000.0 * f["extra_ci95_s"],
+                "extra_read_ms_per_cold_sample": 1000.0 * f["extra_read_s_per_sample"],
+                "pairs": f["pairs"],
+                "cold_samples": f["cold_samples"],
+                "samples_per_s": tput,
+                "samples_per_s_ci95_pct": r.summary.get("throughput_ci95_pct"),
+                "expected_samples_per_s": expected,
+                "loader_bound": _loader_bound(r),
+            }
+        )
+    return {
+        "fetch_ms_per_sample": 1000.0 * fetch.per_sample_s,
+        "fetch_ci95_ms": 1000.0 * fetch.half_width_s,
+        "workers": workers,
+        "runs": per_run,
+    }
+
+
 def run_stalls(
     config: StallsConfig, runs_root: Path, progress: ProgressFn | None = None
 ) -> StallResult:
@@ -580,6 +721,7 @@ def run_stalls(
     import os
     import time
 
+    from gpulens.experiments.paired_fetch import paired_fetch
     from gpulens.workloads.datasets import dataset_files, describe_dataset
     from gpulens.workloads.prep_timing import summarize_prep
 
@@ -600,8 +742,9 @@ def run_stalls(
         cfg = TrainConfig(name=f"stalls-{config.workload}-{kind}", **{**common, **kw})
         r = run_training(cfg, runs_root, kind="stalls")
         result.runs[kind] = r.run_id
-        result.throughput[kind] = r.summary["throughput_samples_per_s"]
-        result.throughput_ci95_pct[kind] = r.summary["throughput_ci95_pct"]
+        if kind in RUN_KINDS:
+            result.throughput[kind] = r.summary["throughput_samples_per_s"]
+            result.throughput_ci95_pct[kind] = r.summary["throughput_ci95_pct"]
         return r
 
     # A share's interval combines two runs' intervals (a stall is a difference of two runs);
@@ -650,8 +793,66 @@ def run_stalls(
             prep_timing=True,
         )  # fmt: skip
 
+    def paired_pass() -> TrainResult | None:
+        """A paired cold run (cold half evicted or emulated, the other half cached), analysed."""
+        if config.emulated_storage:
+            result.fetch_method = "emulated_storage"
+        else:
+            say("evicting half of the dataset from the page cache")
+            evicted = pagecache.evict(cold_files)
+            if evicted.method is None:
+                result.notes.append(f"no paired cold run: {evicted.note}")
+                return None
+            result.fetch_method = evicted.method
+            left_cached_pct.append(100 * (evicted.resident_after or 0))
+        say("warming the other half")
+        pagecache.warm(cached_files)
+        run = train(
+            PAIRED_KIND, data=config.data, paired_cold_block=batch, prep_timing=True,
+            duration_s=config.max_duration_s, warmup_steps=warmup,
+            storage_latency_s=config.storage_latency_s,
+            storage_bandwidth_bytes_per_s=config.storage_bandwidth_bytes_per_s,
+        )  # fmt: skip
+        s = run.summary
+        eff = _effective_config(run)
+        run.summary["paired_fetch"] = paired_fetch(
+            run.record_dir, eff.get("paired_cold_samples") or n_files, eff.get("seed", 0),
+            s.get("measured_start_unix_s"), s.get("measured_end_unix_s"),
+        )  # fmt: skip
+        if run.summary["paired_fetch"] is None:
+            result.notes.append(
+                f"the paired cold run {run.run_id} compared no cold batch with its neighbours "
+                "(too short): fetch stall not measured"
+            )
+            return None
+        return run
+
+    paired: TrainResult | None = None
     t_run0 = time.perf_counter()
-    if config.emulated_storage:
+    if info.get("kind") == "image_folder" and workers >= 1 and _loader_bound(cached):
+        from gpulens.workloads.paired import split_files
+
+        cold_files, cached_files = split_files(config.data, seed=0)
+        paired = paired_pass()
+    elif info.get("kind") == "image_folder":
+        result.notes.append(
+            "fetch stall from a separate cold run: the cached run waited on its loader only "
+            f"{_wait_pct(cached):.0f}% of the time; the paired cold run needs a loop that waits "
+            f"on its loader (at least {100 * LOADER_BOUND_DATA_WAIT:.0f}%)"
+        )
+    if paired is not None:
+        repeats[PAIRED_KIND] = [paired]
+        rerun[PAIRED_KIND] = paired_pass
+        cost_s[PAIRED_KIND] = time.perf_counter() - t_run0
+        half = "emulated-slow" if config.emulated_storage else "evicted"
+        result.notes.append(
+            f"fetch stall from a paired cold run: the loader workers alternate batch by batch "
+            f"between the {half} half of the files and the cached half; each cold batch's "
+            "extra time per sample over the same worker's cached batches just before and "
+            f"after it, shared by {workers} workers, adds to the cached time per sample (the "
+            "cold throughput shown is that sum)"
+        )
+    elif config.emulated_storage:
         result.fetch_method = "emulated_storage"
         rerun["cold"] = lambda: train(
             "cold", data=config.data, storage_latency_s=config.storage_latency_s,
@@ -714,11 +915,11 @@ def run_stalls(
     if multi_socket is not None:
         repeats["multi_gpu_socket"] = [multi_socket]
     _refine(config, repeats, rerun, cost_s, t0, say, result.notes)
-    measured = {k: pooled(v) for k, v in repeats.items()}
+    measured = _measure_all(repeats)
     for kind, runs in repeats.items():
         result.all_runs[kind] = [r.run_id for r in runs]
         m = measured[kind]
-        if len(runs) > 1 and m is not None:
+        if len(runs) > 1 and m is not None and kind in RUN_KINDS:
             result.throughput[kind] = 1.0 / m.per_sample_s
             result.throughput_ci95_pct[kind] = 100.0 * m.half_width_s / m.per_sample_s
             rates = ", ".join(f"{r.summary['throughput_samples_per_s']:.0f}" for r in runs)
@@ -738,6 +939,22 @@ def run_stalls(
         )
     result.breakdown_pct, result.breakdown_ci95_pp = _breakdown_of(measured)
     m_free, m_cached, m_cold = measured["ingestion_free"], measured["cached"], measured.get("cold")
+    m_fetch = measured.get(PAIRED_KIND)
+    if m_fetch is not None and m_cached is not None:
+        m_cold = _cold_from_paired(m_cached, m_fetch)
+        result.throughput["cold"] = 1.0 / m_cold.per_sample_s
+        result.throughput_ci95_pct["cold"] = 100.0 * m_cold.half_width_s / m_cold.per_sample_s
+        result.fetch_paired = _paired_summary(repeats[PAIRED_KIND], m_cached, m_fetch, workers)
+        if len(repeats[PAIRED_KIND]) > 1:
+            result.notes.append(
+                f"{PAIRED_KIND}: {len(repeats[PAIRED_KIND])} paired runs pooled"
+                + (
+                    f"; they differ by more than their own intervals allow (±"
+                    f"{m_fetch.between_runs_pct:.1f}% SD between runs, included)"
+                    if m_fetch.between_runs_pct > 0
+                    else ""
+                )
+            )
 
     phases = cached.summary["phases_s"]
     prep = summarize_prep(
@@ -756,6 +973,8 @@ def run_stalls(
         "read_stall_from_timers": (
             read_stall_from_timers(repeats["cached"], repeats["cold"], workers, m_cold.per_sample_s)
             if m_cold is not None and "cold" in repeats
+            else read_stall_from_paired(repeats[PAIRED_KIND], workers, m_cold.per_sample_s)
+            if m_cold is not None and PAIRED_KIND in repeats
             else None
         ),
     }

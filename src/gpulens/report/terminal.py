@@ -185,13 +185,30 @@ def render_stalls(console: Console, doc: dict[str, Any], width: int = 60) -> Non
     runs.add_column("samples/s", justify="right")
     runs.add_column("95% CI", justify="right")
     runs.add_column("run id")
+    paired = doc.get("fetch_paired") or {}
+    paired_runs = {r["run_id"]: r for r in paired.get("runs") or []}
     for kind, run_id in doc["runs"].items():
         if run_id is None:
             continue
-        tput = doc["throughput_samples_per_s"][kind]
-        ci = doc["throughput_ci95_pct"][kind]
+        tput = doc["throughput_samples_per_s"].get(kind)
+        ci = doc["throughput_ci95_pct"].get(kind)
+        if run_id in paired_runs:
+            kind = f"{kind} (half cold)"
+            tput = paired_runs[run_id]["samples_per_s"]
+            ci = paired_runs[run_id]["samples_per_s_ci95_pct"]
         runs.add_row(kind, _fmt(tput), "" if ci is None else f"±{ci:.1f}%", run_id)
     console.print(runs)
+    if paired:
+        last = paired["runs"][-1]
+        extra, read = last["extra_ms_per_cold_sample"], last["extra_read_ms_per_cold_sample"]
+        fetch, fetch_ci = paired["fetch_ms_per_sample"], paired["fetch_ci95_ms"]
+        console.print(
+            f"paired cold run: a cold sample costs a loader worker {extra:.2f} ms more "
+            f"({read:.2f} ms of it reading); over {paired['workers']} workers the fetch stall "
+            f"is {fetch:.3f} ± {fetch_ci:.3f} ms per sample. Check: the paired run went at "
+            f"{last['samples_per_s']:,.0f} samples/s, the breakdown implies "
+            f"{last['expected_samples_per_s']:,.0f}"
+        )
     est = doc.get("single_run_estimate_pct") or {}
     if est.get("data_wait") is not None:
         stages = est.get("prep_stages") or {}

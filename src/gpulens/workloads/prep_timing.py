@@ -29,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 from torch.utils.data import Dataset, default_collate, get_worker_info
@@ -62,6 +63,7 @@ PREP_SCHEMA = pa.schema(
         pa.field("collate_s", pa.float64()),  # batch rows
         pa.field("batch_samples", pa.int32()),
         pa.field("cpu_s", pa.float64()),  # both: thread CPU time of the sample or the collate
+        pa.field("index", pa.int64()),  # sample rows: the dataset index (image folders)
     ]
 )
 
@@ -172,6 +174,7 @@ def record_sample(
     augment_s: float,
     nbytes: int,
     cpu_s: float | None = None,
+    index: int | None = None,
 ) -> None:
     """Append one sample's stage times (wall) and CPU time to this process's prep series."""
     rec = _recorder(timing_dir)
@@ -184,6 +187,7 @@ def record_sample(
                 "augment_s": augment_s,
                 "nbytes": nbytes,
                 "cpu_s": cpu_s,
+                "index": index,
             }
         )
 
@@ -236,6 +240,11 @@ class InstrumentedImageFolder(Dataset):
         self.folder = folder
         self.storage = storage if storage is not None and storage.active else None
         self.timing_dir = Path(timing_dir) if timing_dir is not None else None
+        self.emulated: np.ndarray | None = None  # which indices the emulation slows (all: None)
+
+    def emulate_only(self, mask: np.ndarray) -> None:
+        """Slow down only the samples where ``mask`` is true (a paired cold run's cold half)."""
+        self.emulated = np.asarray(mask, dtype=bool)
 
     def __len__(self) -> int:
         return len(self.folder)
@@ -251,7 +260,8 @@ class InstrumentedImageFolder(Dataset):
         path, target = self.folder.samples[index]
         c0 = time.thread_time() if self.timing_dir is not None else 0.0
         t0 = time.perf_counter()
-        data = read_file(path, self.storage)
+        slow = self.storage is not None and (self.emulated is None or self.emulated[index])
+        data = read_file(path, self.storage if slow else None)
         t1 = time.perf_counter()
         with Image.open(io.BytesIO(data)) as img:
             sample = img.convert("RGB")
@@ -263,7 +273,7 @@ class InstrumentedImageFolder(Dataset):
             target = self.folder.target_transform(target)
         if self.timing_dir is not None:
             cpu_s = time.thread_time() - c0
-            record_sample(self.timing_dir, t1 - t0, t2 - t1, t3 - t2, len(data), cpu_s)
+            record_sample(self.timing_dir, t1 - t0, t2 - t1, t3 - t2, len(data), cpu_s, index)
         return sample, target
 
 
@@ -295,7 +305,7 @@ def read_prep(
         }
     )
     tables = [read_series_table(d / s) for s in stems]
-    tables = [t.cast(PREP_SCHEMA) for t in tables if t.num_columns]
+    tables = [_conform(t) for t in tables if t.num_columns]
     if not tables:
         return PREP_SCHEMA.empty_table().to_pandas()
     df = pa.concat_tables(tables).to_pandas()
@@ -304,6 +314,14 @@ def read_prep(
     if end_unix_s is not None:
         df = df[df["time_unix_s"] <= end_unix_s]
     return df
+
+
+def _conform(table: pa.Table) -> pa.Table:
+    """``table`` in PREP_SCHEMA; columns that older records lack are null."""
+    for f in PREP_SCHEMA:
+        if f.name not in table.column_names:
+            table = table.append_column(f, pa.nulls(table.num_rows, f.type))
+    return table.select(PREP_SCHEMA.names).cast(PREP_SCHEMA)
 
 
 def _num(x: float | None, digits: int = 9) -> float | None:

@@ -76,6 +76,11 @@ class TrainConfig:
     ddp_bucket_mb: float | None = None
     # Loader workers: "os" (where the scheduler puts them) or "cores" (one physical core each).
     worker_affinity: str = "os"
+    # Paired cold reading (``gpulens stalls``): the loader workers alternate, every this many
+    # samples, between the half of the files kept in the page cache and the other half, which
+    # the caller evicted (or which storage emulation slows down); the run ends when that half
+    # is used up. Needs an image folder and prep timing.
+    paired_cold_block: int | None = None
 
     def __post_init__(self) -> None:
         if self.batch_size is not None and self.batch_size <= 0:
@@ -120,6 +125,15 @@ class TrainConfig:
             self.storage_latency_s or self.storage_bandwidth_bytes_per_s
         ):
             raise UsageError("storage emulation needs on-disk data: give --data PATH")
+        if self.paired_cold_block is not None:
+            if self.paired_cold_block < 1:
+                raise UsageError(
+                    f"paired_cold_block must be 1 or more samples, got {self.paired_cold_block}"
+                )
+            if self.data == "synthetic" or not self.prep_timing or self.gpus > 1:
+                raise UsageError(
+                    "paired cold reading needs on-disk data, prep timing and one process"
+                )
         if self.data != "synthetic" and not Path(self.data).expanduser().exists():
             raise UsageError(
                 f"dataset path {self.data} does not exist: make one with "
@@ -259,6 +273,7 @@ def resolve_config(config: TrainConfig, spec: WorkloadSpec, device: torch.device
         "nccl_transport": config.nccl_transport,
         "ddp_bucket_mb": config.ddp_bucket_mb,
         "worker_affinity": config.worker_affinity,
+        "paired_cold_block": config.paired_cold_block,
         "seed": config.seed,
         "optimizer": None,  # filled once built
     }
@@ -359,10 +374,13 @@ def build_loader(
             f"{batch} per process: make more data or lower --batch-size"
         )
     workers = eff["workers"]
+    sampler: torch.utils.data.Sampler = EndlessShuffle(len(dataset), eff["seed"], rank, world_size)
+    if eff.get("paired_cold_block"):
+        sampler = _paired_sampler(dataset, eff)
     return torch.utils.data.DataLoader(
         dataset,
         batch_size=batch,
-        sampler=EndlessShuffle(len(dataset), eff["seed"], rank, world_size),
+        sampler=sampler,
         drop_last=True,
         num_workers=workers,
         pin_memory=device.type == "cuda",
@@ -370,6 +388,24 @@ def build_loader(
         collate_fn=collate_with_timing(timing_dir) if timing_dir else None,
         worker_init_fn=worker_init(eff.get("worker_affinity", "os"), workers, rank),
     )
+
+
+def _paired_sampler(dataset, eff: dict[str, Any]) -> torch.utils.data.Sampler:
+    """The sampler of a paired cold run; storage emulation, if any, slows the cold half only."""
+    from gpulens.workloads.paired import PairedColdSampler, cold_mask
+    from gpulens.workloads.prep_timing import InstrumentedImageFolder
+
+    if not isinstance(dataset, InstrumentedImageFolder):
+        raise UsageError("paired cold reading needs an image folder dataset (one file per sample)")
+    cold = cold_mask(len(dataset), eff["seed"])
+    dataset.emulate_only(cold)
+    sampler = PairedColdSampler(
+        cold, eff["batch_size"], eff["workers"], eff["paired_cold_block"], eff["seed"]
+    )
+    # What the analysis needs to draw the same cold half again, and how long it lasts.
+    eff["paired_cold_samples"] = len(dataset)
+    eff["paired_cold_max_steps"] = sampler.max_batches()
+    return sampler
 
 
 def prepare(
@@ -442,7 +478,7 @@ class StopControl:
     broadcasts its decision every ``every`` measured steps over a CPU (gloo) group, so no
     rank is left waiting in an all-reduce."""
 
-    REASONS = ("", "steps", "duration", "until_ci")
+    REASONS = ("", "steps", "duration", "until_ci", "data")
 
     def __init__(self, group, every: int = 10):
         self.group = group
@@ -484,7 +520,15 @@ def measured_loop(
     while True:
         timer.warmup_steps = warmup
         timer.begin_step()
-        x, y = next(batches)
+        try:
+            x, y = next(batches)
+        except StopIteration:  # a paired cold run used up its cold files
+            if measure_start is None:
+                raise RuntimeFailure(
+                    f"the data ran out after {step} of {warmup} warm-up steps: use more data"
+                ) from None
+            stop_reason = "data"
+            break
         timer.batch_ready()
         if x.device != device:
             x = x.to(device, non_blocking=True, memory_format=memory_format)
