@@ -21,8 +21,8 @@ validation)
   step data; gl data make images --out /tmp/img_val --n 6000
   step validation
   timeout 540 python3 benchmarks/stalls_validation.py --data /tmp/img_val --workload resnet18 \
-    --workers 1,2,4 --latencies-ms 2,5,10 --precision bf16 --batch-size 32 --duration 20 \
-    --out "$OUT/stalls_validation-resnet18-$gpu-$day.json"
+    --workers 1,2,4 --latencies-ms 2,5,10 --precision bf16 --batch-size 32 --duration 15 \
+    --paired --out "$OUT/stalls_validation-resnet18-paired-$gpu-$day.json"
   echo "rc=$?"
   ;;
 resnet50)

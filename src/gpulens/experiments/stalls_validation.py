@@ -19,6 +19,12 @@ the expected cached time is ``max(t_if, t_load)`` and the expected cold time
 ``max(t_if, t_load + (L + induced) / W)``. Expected shares are of the expected cold time, as
 the breakdown's are of the measured one; the measured shares are those
 ``gpulens.experiments.stalls.breakdown`` reports for the three runs.
+
+With ``paired``, each cell also gets a paired cold run (what ``gpulens stalls`` uses when the
+loop waits on its loader): the fetch stall from the workers' extra time per cold sample,
+compared with the expected shares, with the separate cold run's (``paired_minus_separate``)
+and with the nominal delay alone; and the paired run's own pace (half its samples slow)
+against the pace the breakdown implies for it, an end-to-end check of the attribution.
 """
 
 from __future__ import annotations
@@ -63,6 +69,43 @@ def expected_shares(t_if: float, t_load: float, delay_s: float, workers: int) ->
     }
 
 
+def _paired_row(pair, free, cached, expected, separate, separate_ci, workers) -> dict[str, Any]:
+    """A paired cold run's breakdown beside the expected and the separate runs' shares."""
+    from gpulens.experiments.paired_fetch import paired_fetch
+    from gpulens.experiments.stalls import _effective_config, _Measured, _measured, breakdown
+
+    s, eff = pair.summary, _effective_config(pair)
+    got = paired_fetch(
+        pair.record_dir, eff["paired_cold_samples"], eff["seed"],
+        s["measured_start_unix_s"], s["measured_end_unix_s"],
+    )  # fmt: skip
+    if got is None:
+        return {"paired_run": pair.run_id}
+    w = max(workers, 1)
+    fetch = _Measured(got["extra_s_per_sample"] / w, got["extra_ci95_s"] / w)
+    m_cached = _measured(cached)
+    shares, cis = breakdown(_measured(free), m_cached, None, fetch=fetch)
+    implied = 1.0 / (m_cached.per_sample_s + 0.5 * fetch.per_sample_s)
+    row: dict[str, Any] = {
+        "paired_run": pair.run_id,
+        "paired_extra_ms": 1000 * got["extra_s_per_sample"],
+        "paired_extra_read_ms": 1000 * got["extra_read_s_per_sample"],
+        "paired_pairs": got["pairs"],
+        "paired_samples_per_s": s["throughput_samples_per_s"],
+        "paired_implied_samples_per_s": implied,
+        "paired_pace_error_pct": 100 * (s["throughput_samples_per_s"] / implied - 1),
+        "paired_pace_ci95_pct": s["throughput_ci95_pct"],
+    }
+    for part in ("compute", "prep_stall", "fetch_stall"):
+        key = part.removesuffix("_stall")
+        row[f"paired_{key}_measured_pct"] = shares[part]
+        row[f"paired_{key}_ci95_pp"] = cis[part]
+        row[f"paired_{key}_error_pp"] = shares[part] - expected[part]
+    row["paired_minus_separate_fetch_pp"] = shares["fetch_stall"] - separate["fetch_stall"]
+    row["separate_fetch_ci95_pp"] = separate_ci["fetch_stall"]
+    return row
+
+
 def validate(
     workload: str,
     data: str,
@@ -76,6 +119,7 @@ def validate(
     device: str | None = None,
     precision: str = "fp32",
     progress: Callable[[str], None] | None = None,
+    paired: bool = False,
 ) -> pd.DataFrame:
     """One row per (workers, latency): expected and measured compute, prep and fetch shares
     (%), their differences (points) and the measurement's own 95% CI half-widths (points).
@@ -154,5 +198,18 @@ def validate(
                 cached_run=cached.run_id,
                 cold_run=cold.run_id,
             )
+            if paired:
+                say(f"{w} workers: {1000 * latency_s:g} ms, paired cold run")
+                pair = run_training(
+                    TrainConfig(
+                        data=data, workers=w, storage_latency_s=latency_s, prep_timing=True,
+                        paired_cold_block=batch_size, **common, **length,
+                    ),
+                    runs_root,
+                )  # fmt: skip
+                row.update(_paired_row(pair, free, cached, expected, measured, ci_pp, w))
+                row["fetch_expected_nominal_pct"] = expected_shares(t_if, t_load, latency_s, w)[
+                    "fetch_stall"
+                ]
             rows.append(row)
     return pd.DataFrame(rows)

@@ -11,7 +11,8 @@ workers' timers.
 
 Half of the files, drawn once from the run's seed (:func:`cold_mask`), are the cold half. Each
 cold file is read once: the sampler ends the run when the cold half is used up, rather than
-read a file that the run itself has brought back into the page cache.
+read a file that the run itself has brought back into the page cache. Under emulated slow
+storage the delay does not depend on the page cache, and cold files are reused.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ class PairedColdSampler(torch.utils.data.Sampler):
     The DataLoader hands batch ``j`` to worker ``j % workers`` (round robin, as PyTorch does);
     a worker's ``k``-th batch holds its positions ``k * batch_size`` onwards. Cached indices are
     reshuffled and reused; cold ones are drawn without replacement, and the iteration stops
-    before a batch that would need more cold indices than are left."""
+    before a batch that would need more cold indices than are left, unless ``reuse_cold``
+    (emulated storage: a file stays slow however often it is read)."""
 
     def __init__(
         self,
@@ -53,6 +55,7 @@ class PairedColdSampler(torch.utils.data.Sampler):
         workers: int,
         block_samples: int,
         seed: int = 0,
+        reuse_cold: bool = False,
     ):
         if block_samples < 1:
             raise ValueError(f"block_samples must be 1 or more, got {block_samples}")
@@ -63,14 +66,17 @@ class PairedColdSampler(torch.utils.data.Sampler):
         self.workers = max(1, workers)
         self.block_samples = block_samples
         self.seed = seed
+        self.reuse_cold = reuse_cold
 
     def batch_kinds(self, batch_index: int) -> list[bool]:
         """For each sample of global batch ``batch_index``: whether it is cold."""
         first = (batch_index // self.workers) * self.batch_size
         return [is_cold_position(first + i, self.block_samples) for i in range(self.batch_size)]
 
-    def max_batches(self) -> int:
-        """How many batches the cold half lasts."""
+    def max_batches(self) -> int | None:
+        """How many batches the cold half lasts (None: no end, cold files are reused)."""
+        if self.reuse_cold:
+            return None
         cold_left, j = int(self.cold.sum()), 0
         per_round = [sum(self.batch_kinds(b)) for b in range(2 * self.workers * self._period())]
         while cold_left >= per_round[j % len(per_round)]:
@@ -85,16 +91,18 @@ class PairedColdSampler(torch.utils.data.Sampler):
 
     def __iter__(self) -> Iterator[int]:
         rng = np.random.default_rng(self.seed)
-        cached_pool = np.flatnonzero(~self.cold)
-        cold_order = rng.permutation(np.flatnonzero(self.cold))
-        cached_order, next_cached, next_cold = rng.permutation(cached_pool), 0, 0
+        cached_pool, cold_pool = np.flatnonzero(~self.cold), np.flatnonzero(self.cold)
+        cold_order, next_cold = rng.permutation(cold_pool), 0
+        cached_order, next_cached = rng.permutation(cached_pool), 0
         j = 0
         while True:
             kinds = self.batch_kinds(j)
-            if next_cold + sum(kinds) > cold_order.size:
+            if not self.reuse_cold and next_cold + sum(kinds) > cold_order.size:
                 return
             for cold in kinds:
                 if cold:
+                    if next_cold == cold_order.size:  # only when reusing
+                        cold_order, next_cold = rng.permutation(cold_pool), 0
                     yield int(cold_order[next_cold])
                     next_cold += 1
                     continue

@@ -400,8 +400,9 @@ def _paired_sampler(dataset, eff: dict[str, Any]) -> torch.utils.data.Sampler:
     cold = cold_mask(len(dataset), eff["seed"])
     dataset.emulate_only(cold)
     sampler = PairedColdSampler(
-        cold, eff["batch_size"], eff["workers"], eff["paired_cold_block"], eff["seed"]
-    )
+        cold, eff["batch_size"], eff["workers"], eff["paired_cold_block"], eff["seed"],
+        reuse_cold=dataset.storage is not None,
+    )  # fmt: skip
     # What the analysis needs to draw the same cold half again, and how long it lasts.
     eff["paired_cold_samples"] = len(dataset)
     eff["paired_cold_max_steps"] = sampler.max_batches()
