@@ -1,16 +1,19 @@
 """Validate the stall breakdown against injected ground truth (issue 3).
 
 Injects storage latency at several levels (the dataset reader's slow-storage emulation) and
-limits the loader workers, then compares the fetch and prep stall shares that the differential
-method reports with those expected from the injected delays (see
-``gpulens.experiments.stalls_validation``). Target: within 3 percentage points.
+limits the loader workers, then compares the compute, prep and fetch shares that the breakdown
+reports with those expected from the injected delays (see
+``gpulens.experiments.stalls_validation``). Target: within 3 percentage points. With
+``--paired`` each cell also gets the paired cold run that ``gpulens stalls`` uses when the
+loop waits on its loader, and the headline (``max_error_pp``) is that design's largest error
+against the delay as configured; without it, the separate cold run's.
 
     python benchmarks/stalls_validation.py --data DIR [--workload resnet18] [--workers 1,2,4]
-        [--latencies-ms 2,5,10] [--batch-size 32] [--duration 20] [--out FILE]
+        [--latencies-ms 2,5,10] [--batch-size 32] [--duration 20] [--paired] [--out FILE]
 
 Each training run lasts --duration seconds (or --steps measured steps); the loader alone is
-timed for --loader-duration seconds per worker count. 13 runs with the defaults: about 6
-minutes on one GPU.
+timed for --loader-duration seconds per worker count. 13 runs with the defaults (22 with
+--paired): about 6 (7) minutes on one GPU.
 """
 
 from __future__ import annotations
@@ -57,16 +60,19 @@ def main() -> int:
             progress=lambda msg: print(f"[{time.perf_counter() - t0:6.1f} s] {msg}", flush=True),
             paired=args.paired,
         )  # fmt: skip
-    error_cols = ["compute_error_pp", "prep_error_pp", "fetch_error_pp"]
-    if args.paired:
-        error_cols = [f"paired_{c}" for c in error_cols] + error_cols
-    errors = df[[c for c in error_cols if c in df]].abs()
+    # What gpulens stalls reports (the paired design with --paired) against the injected delay
+    # as configured; the other comparisons are kept beside it.
+    design = "paired_" if args.paired else ""
+    headline = [f"{design}{part}_error_nominal_pp" for part in ("compute", "prep", "fetch")]
+    errors = df[[c for c in df if c.endswith("_error_pp") or c.endswith("_error_nominal_pp")]]
+    errors = errors.abs()
     doc = {
         "benchmark": "stalls_validation",
         "date": date.today().isoformat(),
         "command": " ".join(["python", *sys.argv]),
         "target_max_error_pp": 3.0,
-        "max_error_pp": float(errors.max().max()),
+        "max_error_pp_means": f"largest |error| of {', '.join(headline)}",
+        "max_error_pp": float(errors[headline].max().max()),
         "max_error_pp_by_column": {c: float(errors[c].max()) for c in errors},
         "wall_s": round(time.perf_counter() - t0, 1),
         "rows": df.to_dict(orient="records"),
@@ -85,11 +91,19 @@ def main() -> int:
         paired_cols = ["workers", "latency_ms", "paired_extra_ms", "paired_extra_read_ms"] + [
             f"paired_{part}_{what}" for part in ("prep", "fetch")
             for what in ("measured_pct", "error_pp", "ci95_pp")
-        ] + ["fetch_expected_nominal_pct", "paired_minus_separate_fetch_pp",
+        ] + ["prep_expected_nominal_pct", "fetch_expected_nominal_pct",
+             "paired_prep_error_nominal_pp", "paired_fetch_error_nominal_pp",
+             "paired_minus_separate_fetch_pp",
              "separate_fetch_ci95_pp", "paired_pace_error_pct", "paired_pace_ci95_pct"]  # fmt: skip
         print(df[paired_cols].round(2).to_string(index=False))
     verdict = "within" if doc["max_error_pp"] <= 3.0 else "NOT within"
-    print(f"largest error {doc['max_error_pp']:.2f} pp: {verdict} the 3-point target")
+    print(
+        f"{doc['max_error_pp_means']}: {doc['max_error_pp']:.2f} pp, {verdict} the 3-point target"
+    )
+    print(
+        "largest |error| by comparison:",
+        {c: round(v, 2) for c, v in doc["max_error_pp_by_column"].items()},
+    )
     print(f"wrote {out}")
     return 0
 

@@ -124,7 +124,7 @@ def test_expected_shares_follow_the_slower_side():
     assert got == pytest.approx({"compute": 100.0, "prep_stall": 0.0, "fetch_stall": 0.0})
 
 
-def test_stalls_cli_json_contract(capsys, jpegs):
+def _stalls_json(capsys, jpegs) -> dict:
     code = main(
         ["stalls", "tiny_cnn", "--data", str(jpegs), "--workers", "1", "--batch-size", "8",
          "--device", "cpu", "--storage-latency-ms", "20", "--max-duration", "4",
@@ -153,7 +153,43 @@ def test_stalls_cli_json_contract(capsys, jpegs):
     extra_ms = timers["read_ms_per_sample_cold"] - timers["read_ms_per_sample_cached"]
     assert 19.0 < extra_ms < 30.0, timers
     assert timers["loader_bound"] is True
+    return doc
+
+
+def test_stalls_cli_json_contract_with_a_paired_cold_run(capsys, jpegs):
+    doc = _stalls_json(capsys, jpegs)
+    # the one worker waits on its loader: the fetch stall comes from a paired cold run
+    paired = doc["fetch_paired"]
+    assert doc["runs"]["cold"] is None and doc["runs"]["paired_cold"]
+    assert doc["all_runs"]["paired_cold"][-1] == doc["runs"]["paired_cold"]
+    assert 19.5 < paired["fetch_ms_per_sample"] < 30.0, paired  # 20 ms shared by 1 worker
+    # the cold time per sample is the cached one plus that stall, and the share is of it
+    cold_s = 1.0 / doc["throughput_samples_per_s"]["cold"]
+    cached_s = 1.0 / doc["throughput_samples_per_s"]["cached"]
+    assert cold_s == pytest.approx(cached_s + paired["fetch_ms_per_sample"] / 1000)
+    assert doc["breakdown_pct"]["fetch_stall"] == pytest.approx(
+        100 * paired["fetch_ms_per_sample"] / 1000 / cold_s
+    )
+    # the reading part alone is no larger than the whole, up to their intervals
+    timers = doc["single_run_estimate_pct"]["read_stall_from_timers"]
+    fetch, fetch_ci = doc["breakdown_pct"]["fetch_stall"], doc["breakdown_ci95_pp"]["fetch_stall"]
+    assert timers["fetch_read_pct"] <= fetch + fetch_ci + timers["ci95_pp"]
+    assert any(n.startswith("fetch stall from a paired cold run") for n in doc["notes"])
+
+
+def test_stalls_cli_json_contract_with_a_separate_cold_run(capsys, jpegs, monkeypatch):
+    from gpulens.experiments import stalls
+
+    # a loop that never counts as waiting on its loader: the separate cold run, as with a
+    # GPU-bound cached run
+    monkeypatch.setattr(stalls, "LOADER_BOUND_DATA_WAIT", 1.01)
+    doc = _stalls_json(capsys, jpegs)
+    assert doc["fetch_paired"] is None and doc["runs"]["cold"]
+    assert "paired_cold" not in doc["runs"]
+    assert any(n.startswith("fetch stall from a separate cold run") for n in doc["notes"])
     # the extra read time, shared by the one worker, as a share of the cold run's time
+    timers = doc["single_run_estimate_pct"]["read_stall_from_timers"]
+    extra_ms = timers["read_ms_per_sample_cold"] - timers["read_ms_per_sample_cached"]
     cold_s_per_sample = 1.0 / doc["throughput_samples_per_s"]["cold"]
     assert timers["fetch_read_pct"] == pytest.approx(100 * extra_ms / 1000 / cold_s_per_sample)
 

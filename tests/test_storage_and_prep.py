@@ -273,3 +273,21 @@ def test_recording_a_sample_is_cheap(tmp_path):
     close_timing(series)
     assert len(read_prep(tmp_path)) == n + 1
     assert per_row_s < 50e-6, per_row_s  # ~2-5 us in practice
+
+
+def test_prep_rows_of_records_made_before_the_index_column_still_read(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from gpulens.workloads.prep_timing import PREP_SCHEMA, read_prep
+
+    old = pa.schema([f for f in PREP_SCHEMA if f.name != "index"])
+    rows = [{"time_unix_s": 1.0, "worker_id": 0, "read_s": 0.001, "decode_s": 0.002,
+             "augment_s": 0.003, "nbytes": 10}]  # fmt: skip
+    (tmp_path / "series").mkdir()
+    pq.write_table(
+        pa.Table.from_pylist(rows, schema=old), tmp_path / "series" / "prep_w0_p1.parquet"
+    )
+    df = read_prep(tmp_path)
+    assert len(df) == 1 and df["read_s"].iloc[0] == 0.001
+    assert df["index"].isna().all()

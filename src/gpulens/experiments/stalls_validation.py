@@ -20,11 +20,17 @@ the expected cached time is ``max(t_if, t_load)`` and the expected cold time
 the breakdown's are of the measured one; the measured shares are those
 ``gpulens.experiments.stalls.breakdown`` reports for the three runs.
 
+Every row also holds the shares expected from the delay as configured (``*_nominal``): an
+outside truth, but one that leaves out the slower decoding after a wait, which the measured
+stall rightly includes, so the measured fetch share should sit a little above it.
+
 With ``paired``, each cell also gets a paired cold run (what ``gpulens stalls`` uses when the
 loop waits on its loader): the fetch stall from the workers' extra time per cold sample,
-compared with the expected shares, with the separate cold run's (``paired_minus_separate``)
-and with the nominal delay alone; and the paired run's own pace (half its samples slow)
-against the pace the breakdown implies for it, an end-to-end check of the attribution.
+compared with both expectations and with the separate cold run's (``paired_minus_separate``);
+and the paired run's own pace (half its samples slow) against the pace the breakdown implies
+for it, an end-to-end check of the attribution. The separate runs' "induced" term compares
+two runs and carries their difference in CPU speed (it can come out negative); the paired
+run's (``paired_extra_ms - paired_extra_read_ms``) does not.
 """
 
 from __future__ import annotations
@@ -67,6 +73,24 @@ def expected_shares(t_if: float, t_load: float, delay_s: float, workers: int) ->
         "prep_stall": 100.0 * (t_cached - t_if) / t_cold,
         "fetch_stall": 100.0 * (t_cold - t_cached) / t_cold,
     }
+
+
+def nominal_columns(row: dict[str, Any]) -> dict[str, float]:
+    """The shares expected from the injected delay as configured (``latency_ms``, nothing
+    else: no late wake-ups, no slower decoding after a wait), and each design's error against
+    them (``*_error_nominal_pp``), from a row's ``t_if_ms``, ``t_load_ms`` and ``workers``."""
+    expected = expected_shares(
+        row["t_if_ms"] / 1000, row["t_load_ms"] / 1000, row["latency_ms"] / 1000, row["workers"]
+    )
+    out: dict[str, float] = {}
+    for part in ("compute", "prep_stall", "fetch_stall"):
+        key = part.removesuffix("_stall")
+        out[f"{key}_expected_nominal_pct"] = expected[part]
+        for design in ("", "paired_"):
+            measured = row.get(f"{design}{key}_measured_pct")
+            if measured is not None:
+                out[f"{design}{key}_error_nominal_pp"] = measured - expected[part]
+    return out
 
 
 def _paired_row(pair, free, cached, expected, separate, separate_ci, workers) -> dict[str, Any]:
@@ -208,8 +232,6 @@ def validate(
                     runs_root,
                 )  # fmt: skip
                 row.update(_paired_row(pair, free, cached, expected, measured, ci_pp, w))
-                row["fetch_expected_nominal_pct"] = expected_shares(t_if, t_load, latency_s, w)[
-                    "fetch_stall"
-                ]
+            row.update(nominal_columns(row))
             rows.append(row)
     return pd.DataFrame(rows)
