@@ -933,9 +933,14 @@ def run_stalls(
                 f"{kind}: {len(runs)} runs pooled ({rates} samples/s; all_runs){spread}"
             )
     if left_cached_pct:
+        what, once = (
+            ("paired cold run", "the evicted half")
+            if PAIRED_KIND in repeats
+            else ("cold run", "the data")
+        )
         result.notes.append(
-            f"cold run: {result.fetch_method} left at most {max(left_cached_pct):.1f}% of the "
-            "data cached; each file read once per pass"
+            f"{what}: {result.fetch_method} left at most {max(left_cached_pct):.1f}% of {once} "
+            "cached; each of its files read once per run"
         )
     result.breakdown_pct, result.breakdown_ci95_pp = _breakdown_of(measured)
     m_free, m_cached, m_cold = measured["ingestion_free"], measured["cached"], measured.get("cold")
