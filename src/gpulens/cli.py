@@ -283,7 +283,9 @@ class _CommandFailed(GpulensError):
     help="Break a training job's time into compute, prep (CPU) stall and fetch (storage) stall "
     "by differential runs: ingestion-free, page-cache-warm and cold; with --gpus N also the "
     "interconnect stall (N GPUs with DDP vs 1) and the network stall (NCCL on sockets vs "
-    "P2P). Every run is stored.\n\n"
+    "P2P). When the loop waits on its loader, the cold run is a paired one: each worker "
+    "alternates batch by batch between an evicted half of the files and a cached half, which "
+    "cancels the CPU's drift between runs. Every run is stored.\n\n"
     "Give a built-in WORKLOAD, or after `--` a command whose script uses gpulens.track().\n\n"
     "  gpulens stalls resnet50 --data ./images --workers 15 --precision bf16\n\n"
     "  gpulens stalls --data ./images -- python train.py --epochs 2"
@@ -315,8 +317,8 @@ def stalls(
         300.0,
         "--time-budget",
         help="Seconds for the whole breakdown: while a share misses --until-ci, gpulens "
-        "repeats the cached run or the cold pass (evicting the data again), whichever narrows "
-        "it most per second, if one more run fits; repeats are pooled.",
+        "repeats the cached run or the cold one (evicting again), whichever narrows it most "
+        "per second, if one more run fits; repeats are pooled.",
     ),
     worker_affinity: str = typer.Option(
         "os",
@@ -325,7 +327,9 @@ def stalls(
         "physical core ('cores').",
     ),
     storage_latency_ms: float = typer.Option(
-        0.0, "--storage-latency-ms", help="Emulate slow storage: per-file latency for the cold run."
+        0.0,
+        "--storage-latency-ms",
+        help="Emulate slow storage: per-file latency for the cold files.",
     ),
     storage_bandwidth_mbps: float = typer.Option(
         None, "--storage-bandwidth-mbps", help="Emulate slow storage: MB/s per reader."
