@@ -628,10 +628,10 @@ def _refine(
     say: Callable[[str], None],
     notes: list[str],
 ) -> None:
-    """While a share's 95% interval is wider than the target, repeat the run (cached, a
-    cold pass or a paired cold run) that narrows the widest share most per second, if it fits in the time budget;
-    repeats of a kind are pooled. ``rerun[kind]`` returns None when it cannot repeat.
-    ``cost_s[kind]`` is the slowest run of that kind so far (updated here)."""
+    """While a share's 95% interval is wider than the target, repeat the run (cached, a cold
+    pass or a paired cold run) that narrows the widest share most per second, if it fits in
+    the time budget; repeats of a kind are pooled. ``rerun[kind]`` returns None when it
+    cannot repeat. ``cost_s[kind]`` is the slowest run of that kind so far (updated here)."""
     import time
 
     while True:
