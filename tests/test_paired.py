@@ -124,7 +124,7 @@ def test_paired_run_recovers_the_injected_latency_and_slows_only_the_cold_half(t
         run = run_training(
             TrainConfig(
                 workload="tiny_cnn", data=str(data), device="cpu", batch_size=8, workers=1,
-                storage_latency_s=0.02, prep_timing=True, paired_cold_block=8, duration_s=60,
+                storage_latency_s=0.02, prep_timing=True, paired_cold_block=8, duration_s=12,
             ),
             tmp_path / "runs",
         )  # fmt: skip

@@ -46,6 +46,29 @@ def test_breakdown_cis_match_a_simulation_of_the_runs(with_multi):
         assert ci == pytest.approx(simulated, rel=0.08), part
 
 
+def test_breakdown_with_a_paired_fetch_stall_matches_a_simulation():
+    """A fetch stall measured directly (paired run) takes the place of cold - cached: the
+    cold time is cached + fetch, and the intervals propagate as for the runs."""
+    import numpy as np
+
+    free, cached, fetch = _Measured(1.0, 0.02), _Measured(1.5, 0.06), _Measured(0.5, 0.01)
+    shares, cis = breakdown(free, cached, None, fetch=fetch)
+    assert shares["compute"] == pytest.approx(50.0)
+    assert shares["prep_stall"] == pytest.approx(25.0)
+    assert shares["fetch_stall"] == pytest.approx(25.0)
+    rng = np.random.default_rng(1)
+    draws = [
+        rng.normal(m.per_sample_s, m.half_width_s / 1.96, 20_000) for m in (free, cached, fetch)
+    ]
+    sims = [
+        breakdown(*(_Measured(float(d[i]), 0.0) for d in draws[:2]), None,
+                  fetch=_Measured(float(draws[2][i]), 0.0))[0]
+        for i in range(20_000)
+    ]  # fmt: skip
+    for part in ("compute", "prep_stall", "fetch_stall"):
+        assert cis[part] == pytest.approx(1.96 * np.std([x[part] for x in sims]), rel=0.08), part
+
+
 def test_breakdown_without_cold_run_leaves_fetch_null():
     shares, cis = breakdown(_Measured(1.0, 0.0), _Measured(4.0, 0.0), None)
     assert shares["compute"] == pytest.approx(25.0)

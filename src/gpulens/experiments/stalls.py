@@ -460,9 +460,10 @@ def _breakdown_of(measured: dict[str, _Measured | None]):
 
 
 def _cold_from_paired(cached: _Measured, fetch: _Measured) -> _Measured:
-    """The cold time per sample that a paired run implies: cached plus the fetch stall."""
+    """The cold time per sample that a paired run implies: cached plus the fetch stall (none
+    when the cold batches came out faster, which is noise, as the breakdown takes it)."""
     return _Measured(
-        cached.per_sample_s + fetch.per_sample_s,
+        cached.per_sample_s + max(0.0, fetch.per_sample_s),
         math.hypot(cached.half_width_s, fetch.half_width_s),
     )
 
