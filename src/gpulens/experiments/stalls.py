@@ -437,14 +437,18 @@ def warm_page_cache(files: list[Path], notes: list[str]) -> None:
         )
 
 
-def _effective_transport(result: TrainResult) -> list[str] | None:
+def _effective_config(result: TrainResult) -> dict[str, Any]:
     import json
 
     try:
         run = json.loads((result.record_dir / "run.json").read_text())
     except (OSError, ValueError):
-        return None
-    return (run.get("effective_config") or {}).get("transport_effective")
+        return {}
+    return run.get("effective_config") or {}
+
+
+def _effective_transport(result: TrainResult) -> list[str] | None:
+    return _effective_config(result).get("transport_effective")
 
 
 def _describe_transport(result: TrainResult) -> str:
@@ -475,9 +479,7 @@ def _wait_pct(run: TrainResult) -> float:
 
 
 def _loader_bound(run: TrainResult) -> bool:
-    phases = run.summary.get("phases_s") or {}
-    step, wait = phases.get("step"), phases.get("data_wait")
-    return bool(step and wait is not None and wait >= LOADER_BOUND_DATA_WAIT * step)
+    return _wait_pct(run) >= 100.0 * LOADER_BOUND_DATA_WAIT
 
 
 def read_stall_from_paired(
@@ -671,16 +673,6 @@ def _refine(
             continue
         repeats[best].append(again)
         cost_s[best] = max(cost_s[best], time.perf_counter() - t_run0)
-
-
-def _effective_config(result: TrainResult) -> dict[str, Any]:
-    import json
-
-    try:
-        run = json.loads((result.record_dir / "run.json").read_text())
-    except (OSError, ValueError):
-        return {}
-    return run.get("effective_config") or {}
 
 
 def _paired_summary(
