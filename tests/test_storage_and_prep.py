@@ -241,7 +241,7 @@ def test_prep_timing_in_the_main_process_for_tokens(tmp_path):
     ds = TokenFileDataset(
         tmp_path / "tok",
         seq_len=64,
-        storage=StorageEmulation(latency_s=0.001, bandwidth_bytes_per_s=1e6),
+        storage=StorageEmulation(latency_s=0.005, bandwidth_bytes_per_s=1e6),
         timing_dir=series,
     )
     (x, y), (x0, y0) = ds[5], plain[5]
@@ -254,7 +254,7 @@ def test_prep_timing_in_the_main_process_for_tokens(tmp_path):
     df = read_prep(tmp_path / "run")
     samples = df[df["collate_s"].isna()]
     assert set(df["worker_id"]) == {-1} and len(samples) == 21  # ds[5] + 5 batches of 4
-    expected_s = 0.001 + 65 * 2 / 1e6  # 65 uint16 tokens per window
+    expected_s = 0.005 + 65 * 2 / 1e6  # 65 uint16 tokens per window
     assert (samples["read_s"] >= expected_s * 0.98).all() and (samples["decode_s"] == 0).all()
     s = summarize_prep(tmp_path / "run", consumed_samples_per_s=100.0)
     assert s["main_process_loading"] and s["n_workers"] == 0
