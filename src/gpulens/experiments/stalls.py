@@ -38,6 +38,7 @@ import numpy as np
 
 from gpulens.errors import UsageError
 from gpulens.workloads.affinity import WORKER_AFFINITIES
+from gpulens.workloads.prep_timing import STARVED_DATA_WAIT_FRACTION
 from gpulens.workloads.train import LOADER_PREFETCH, TrainConfig, TrainResult, run_training
 
 log = logging.getLogger(__name__)
@@ -144,10 +145,11 @@ class StallResult:
 
 
 PAIRED_KIND = "paired_cold"
-# The cached run must wait on its loader this much of the time for the paired design: the
-# loader then sets the pace, and what slows the workers slows the loop by as much. Below it,
-# the GPU's pace could absorb part of a slower loader, which only a separate cold run shows.
-LOADER_BOUND_DATA_WAIT = 0.2
+# The cached run must wait on its loader this much of the time for the paired design (the
+# same bar at which the prep summary calls the loader the bottleneck): the loader then sets
+# the pace, and what slows the workers slows the loop by as much. Below it, the GPU's pace
+# could absorb part of a slower loader, which only a separate cold run shows.
+LOADER_BOUND_DATA_WAIT = STARVED_DATA_WAIT_FRACTION
 
 
 @dataclass(frozen=True)

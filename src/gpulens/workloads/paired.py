@@ -78,16 +78,10 @@ class PairedColdSampler(torch.utils.data.Sampler):
         if self.reuse_cold:
             return None
         cold_left, j = int(self.cold.sum()), 0
-        per_round = [sum(self.batch_kinds(b)) for b in range(2 * self.workers * self._period())]
-        while cold_left >= per_round[j % len(per_round)]:
-            cold_left -= per_round[j % len(per_round)]
+        while (need := sum(self.batch_kinds(j))) <= cold_left:
+            cold_left -= need
             j += 1
         return j
-
-    def _period(self) -> int:
-        """Rounds after which the kind pattern of a worker's batches repeats."""
-        period = 2 * self.block_samples
-        return period // np.gcd(period, self.batch_size)
 
     def __iter__(self) -> Iterator[int]:
         rng = np.random.default_rng(self.seed)
