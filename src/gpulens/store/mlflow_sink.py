@@ -17,6 +17,7 @@ import json
 import logging
 import posixpath
 import re
+import time
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from pathlib import Path
@@ -30,6 +31,14 @@ from gpulens.paths import default_tracking_uri, gpulens_home, runs_dir
 from gpulens.record import schema
 from gpulens.record.reader import RunRecord, list_records, read_record
 from gpulens.record.writer import atomic_write_json, now_iso
+from gpulens.store.availability import (
+    REACHABILITY_TIMEOUT_S,
+    check_store,
+    is_locked_error,
+    mlflow_http_limits,
+    require_reachable,
+    store_lock,
+)
 from gpulens.store.queries import flatten, is_number, run_facts
 
 log = logging.getLogger(__name__)
@@ -75,6 +84,7 @@ _MLFLOW_STATUS = {
     schema.STATUS_FAILED: "FAILED",
     schema.STATUS_KILLED: "KILLED",
 }
+LOCKED_RETRIES = 4  # attempts when SQLite says "database is locked" (backoff 0.5, 1, 2 s)
 _NOISY_LOGGERS = ("alembic", "mlflow.store.db.utils", "mlflow.store", "mlflow.tracking")
 _BAD_KEY_CHARS = re.compile(r"[^\w./\- ]")
 
@@ -92,19 +102,37 @@ def _mlflow_version() -> str | None:
         return None
 
 
-def store_status(home: Path | str | None = None) -> dict[str, Any]:
-    """What ``gpulens doctor`` shows about the store: URI, MLflow version, synced counts."""
+def store_status(home: Path | str | None = None, check: bool = True) -> dict[str, Any]:
+    """What ``gpulens doctor`` shows about the store: URI, MLflow version, whether the store
+    answers (one request of at most 2 s, ``check=False`` skips it), synced counts.
+
+    ``ok`` is true when MLflow is installed and the store can be used; ``detail`` says why not
+    (``"unreachable: connection refused"``...) and ``hint`` what to do.
+    """
     home_path = Path(home) if home else gpulens_home()
     uri = default_tracking_uri(home_path)
     records = [r for r in list_records(runs_dir(home_path)) if r.status in SYNCABLE_STATUSES]
     synced = sum(1 for r in records if synced_run_id(r, uri, DEFAULT_EXPERIMENT))
     available = is_available()
+    found = check_store(uri, REACHABILITY_TIMEOUT_S) if check else None
+    if not available:
+        ok, detail = False, "MLflow is not installed"
+        hint = "records stay local until `pip install 'gpulens[store]'`, then `gpulens runs sync`"
+    elif found is None:
+        ok, detail, hint = True, "not checked", None
+    else:
+        ok, detail = found.ok, found.detail
+        hint = None if ok else "records stay local; `gpulens runs sync` logs them once it is back"
     return {
-        "tracking_uri": uri,
+        "tracking_uri": found.tracking_uri if found else uri,
         "experiment": DEFAULT_EXPERIMENT,
         "mlflow_available": available,
         "mlflow_version": _mlflow_version() if available else None,
         "install_hint": None if available else "pip install 'gpulens[store]'",
+        "reachable": found.reachable if found else None,
+        "ok": ok,
+        "detail": detail,
+        "hint": hint,
         "runs_ended": len(records),
         "runs_synced": synced,
         "runs_unsynced": len(records) - synced,
@@ -273,8 +301,13 @@ def series_metrics(record: RunRecord, max_points: int = MAX_SERIES_POINTS) -> li
             add(part.sort_values("time_unix_s"), f"gpu{int(index)}", GPU_SERIES_COLUMNS, False)
     if "host" in frames:
         add(frames["host"].sort_values("time_unix_s"), "host", HOST_SERIES_COLUMNS, False)
-    if "steps" in frames and "step" in frames["steps"].columns:
-        add(frames["steps"].sort_values("step"), "steps", STEPS_SERIES_COLUMNS, True)
+    steps = frames.get("steps")
+    if steps is not None and "step" in steps.columns:
+        if "rank" in steps.columns and steps["rank"].notna().any():  # one series per rank
+            for rank, part in steps.groupby("rank", sort=True):
+                add(part.sort_values("step"), f"steps/rank{int(rank)}", STEPS_SERIES_COLUMNS, True)
+        else:
+            add(steps.sort_values("step"), "steps", STEPS_SERIES_COLUMNS, True)
     return points
 
 
@@ -295,9 +328,15 @@ def _artifact_location(uri: str, experiment: str) -> str | None:
 def _experiment_id(client, uri: str, experiment: str) -> str:
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
-        return client.create_experiment(
-            experiment, artifact_location=_artifact_location(uri, experiment)
-        )
+        try:
+            return client.create_experiment(
+                experiment, artifact_location=_artifact_location(uri, experiment)
+            )
+        except Exception as exc:  # another process created it first (a shared server)
+            exp = client.get_experiment_by_name(experiment)
+            if exp is None:
+                raise
+            log.debug("experiment %s was created meanwhile: %s", experiment, exc)
     if exp.lifecycle_stage == "deleted":
         client.restore_experiment(exp.experiment_id)
     return exp.experiment_id
@@ -323,10 +362,15 @@ def log_record(
     record: RunRecord | Path | str,
     tracking_uri: str | None = None,
     experiment: str = DEFAULT_EXPERIMENT,
+    check: bool = True,
 ) -> str:
     """Log one ended record as an MLflow run and return its MLflow run id.
 
     Idempotent: a record already synced to this URI and experiment returns its existing id.
+    First a quick look at the store (``check``, at most 2 s): an unreachable one raises
+    :class:`~gpulens.store.availability.StoreUnavailableError` at once instead of MLflow
+    retrying for minutes. Writes to a local SQLite store hold a lock across processes (the
+    first one creates the database) and are retried when SQLite reports it locked.
     """
     if not isinstance(record, RunRecord):
         record = read_record(Path(record))
@@ -336,9 +380,26 @@ def log_record(
             "(`gpulens runs sync`)"
         )
     mlflow = _import_mlflow()
+    uri = tracking_uri or default_tracking_uri()
+    if check:
+        require_reachable(uri)
+    attempt = 0
+    with mlflow_http_limits():
+        while True:
+            try:
+                with store_lock(uri):
+                    return _log_record_once(mlflow, record, uri, experiment)
+            except Exception as exc:
+                attempt += 1
+                if not is_locked_error(exc) or attempt >= LOCKED_RETRIES:
+                    raise
+                log.info("MLflow store %s is locked; retrying %s", uri, record.run_id)
+                time.sleep(0.5 * 2 ** (attempt - 1))
+
+
+def _log_record_once(mlflow, record: RunRecord, uri: str, experiment: str) -> str:
     from mlflow.entities import Metric, Param, RunTag
 
-    uri = tracking_uri or default_tracking_uri()
     client = mlflow.MlflowClient(tracking_uri=uri)
     known = synced_run_id(record, uri, experiment)
     if known:
@@ -346,8 +407,10 @@ def log_record(
             run = client.get_run(known)
             if run.info.lifecycle_stage != "deleted":
                 return known
-        except mlflow.exceptions.MlflowException:
-            pass  # the store was wiped or the run purged: log it again
+        except mlflow.exceptions.MlflowException as exc:
+            if is_locked_error(exc):
+                raise
+            # the store was wiped or the run purged: log it again
     experiment_id = _experiment_id(client, uri, experiment)
     existing = _existing_run(client, experiment_id, record.run_id)
     if existing is not None:
@@ -416,12 +479,13 @@ def sync_all(
     ]
     if todo:
         _import_mlflow()
+        require_reachable(uri)  # once, quickly: not minutes of retries per record
     results: list[tuple[str, str | Exception]] = []
     for i, record in enumerate(todo):
         if on_record:
             on_record(i, len(todo), record.run_id)
         try:
-            results.append((record.run_id, log_record(record, uri, experiment)))
+            results.append((record.run_id, log_record(record, uri, experiment, check=False)))
         except MissingExtraError:
             raise
         except Exception as exc:  # one bad record must not stop the others
