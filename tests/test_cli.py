@@ -18,7 +18,8 @@ from gpulens.record.reader import list_records, read_record
 
 RUN_KEYS = {
     "run_id", "status", "record_dir", "workload", "device", "throughput_samples_per_s",
-    "throughput_ci95_pct", "phases_s", "gpu", "monitor_overhead_pct", "mfu",
+    "throughput_ci95_pct", "phases_s", "gpu", "sampler_cpu_pct_of_core", "tracking_us_per_step",
+    "mfu",
 }  # fmt: skip
 
 

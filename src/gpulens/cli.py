@@ -2,31 +2,38 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
-import click
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
+from gpulens import __version__
 from gpulens.errors import GpulensError, UsageError
 from gpulens.paths import gpulens_home, runs_dir
+from gpulens.report import failure, output
+from gpulens.report.progress import ProgressReporter
 
 log = logging.getLogger("gpulens")
 
+# Help and messages are plain text: rich markup would eat anything in [brackets]
+# ("pip install 'gpulens[store]'", "[cuda:0 if present]").
 app = typer.Typer(
     name="gpulens",
-    help="Measure deep-learning workloads on GPUs and turn the numbers into decisions.",
+    help="Measure deep-learning workloads on GPUs and turn the numbers into decisions.\n\n"
+    "Start with `gpulens doctor` (what this machine can measure) and `gpulens demo`.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
-data_app = typer.Typer(help="Generate datasets for benchmarks.", no_args_is_help=True)
+data_app = typer.Typer(
+    help="Generate datasets for benchmarks.", no_args_is_help=True, rich_markup_mode=None
+)
 app.add_typer(data_app, name="data")
 
 out = Console()
@@ -34,10 +41,23 @@ err = Console(stderr=True)
 _state = {"debug": False}
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        out.print(f"gpulens {__version__}", markup=False, highlight=False)
+        raise typer.Exit()
+
+
 @app.callback()
 def _global(
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks and debug logs."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show info logs on stderr."),
+    version: bool = typer.Option(
+        False,
+        "--version",
+        help="Print the version and exit.",
+        is_eager=True,
+        callback=_print_version,
+    ),
 ) -> None:
     _state["debug"] = debug
     level = logging.DEBUG if debug else logging.INFO if verbose else logging.WARNING
@@ -46,32 +66,42 @@ def _global(
     )
 
 
+_DEVICE_HELP = "cuda:N or cpu [default: cuda:0 if there is a GPU, else cpu]."
+
+
 def _mb_per_s_to_bytes(mb_per_s: float | None) -> float | None:
     return mb_per_s * 1e6 if mb_per_s else None
 
 
 def _emit_json(doc: Any) -> None:
-    sys.stdout.write(json.dumps(doc, default=str, allow_nan=False) + "\n")
-    sys.stdout.flush()
+    output.emit_json(doc)
 
 
-def _progress(json_mode: bool):
-    """A progress bar on stderr; hidden when stderr is not a terminal and --json is on."""
-    return Progress(
-        TextColumn("[progress.description]{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TimeElapsedColumn(),
-        console=err,
-        transient=True,
-        disable=json_mode and not err.is_terminal,
-    )
+def _progress(label: str, unit: str = "") -> ProgressReporter:
+    """Progress on stderr: a spinner on a terminal, a plain line per phase otherwise (also with
+    --json: stdout keeps its one document)."""
+    return ProgressReporter(err, label, unit=unit)
+
+
+def _warn(label: str, text: str) -> None:
+    err.print(Text.assemble((label, "yellow"), text), soft_wrap=True, highlight=False)
 
 
 # ---------------------------------------------------------------------------------------- run
+def _monitor_cost(s: dict[str, Any]) -> dict[str, Any]:
+    """What the monitor costs, under the summary's names (old records: the one old key)."""
+    sampler = s.get("sampler_cpu_pct_of_core")
+    if sampler is None:
+        sampler = s.get("monitor_overhead_pct")
+    return {
+        "sampler_cpu_pct_of_core": sampler,
+        "tracking_us_per_step": s.get("tracking_us_per_step"),
+    }
+
+
 def _train_json(result) -> dict[str, Any]:
     s = result.summary
-    return {
+    doc = {
         "run_id": result.run_id,
         "status": "finished",
         "record_dir": str(result.record_dir),
@@ -85,10 +115,13 @@ def _train_json(result) -> dict[str, Any]:
         "phases_s": s["phases_s"],
         "gpu": s["gpu"],
         "host": s["host"],
-        "monitor_overhead_pct": s["monitor_overhead_pct"],
+        **_monitor_cost(s),
         "mfu": s["mfu"],
         "flops_per_sample": s["flops_per_sample"],
     }
+    if "throughput_ci95_samples_per_s" in s:
+        doc["throughput_ci95_samples_per_s"] = s.get("throughput_ci95_samples_per_s")
+    return doc
 
 
 def _store(record_dir: Path, enabled: bool) -> str | None:
@@ -105,20 +138,20 @@ def _store(record_dir: Path, enabled: bool) -> str | None:
 
         return log_record(read_record(record_dir))
     except GpulensError as exc:
-        err.print(f"[yellow]not stored in MLflow:[/yellow] {exc} (the record is kept locally)")
+        _warn("not stored in MLflow: ", f"{exc} (the record is kept locally)")
     except Exception as exc:  # the store must never lose a measured run
-        err.print(f"[yellow]not stored in MLflow:[/yellow] {exc}; run `gpulens runs sync` later")
+        _warn("not stored in MLflow: ", f"{exc}; run `gpulens runs sync` later")
     return None
 
 
-def _train(config, json_mode: bool, store: bool, kind: str = "train"):
+def _train(config, store: bool, kind: str = "train", label: str = "run"):
     from gpulens.workloads.train import run_training
 
-    with _progress(json_mode) as progress:
-        task = progress.add_task(f"training {config.workload}", total=None)
+    what = f"training {config.workload}"
+    with _progress(label, unit="steps") as progress:
 
         def on_step(step: int, total: int | None, elapsed_s: float, _info) -> None:
-            progress.update(task, completed=step, total=total)
+            progress.count(step, total, what)
 
         result = run_training(config, runs_dir(), progress=on_step, kind=kind)
     _store(result.record_dir, store)
@@ -138,12 +171,14 @@ def run(
         None, help="A workload (see `gpulens workloads`) or, after --, a command and its args."
     ),
     batch_size: int = typer.Option(None, "--batch-size", "-b", help="Samples per step."),
-    steps: int = typer.Option(None, "--steps", help="Measured steps after warm-up [100]."),
+    steps: int = typer.Option(None, "--steps", help="Measured steps after warm-up [default: 100]."),
     duration: float = typer.Option(None, "--duration", help="Measured seconds instead of steps."),
     warmup: int = typer.Option(None, "--warmup", help="Warm-up steps, excluded from results."),
-    device: str = typer.Option(None, "--device", help="cuda:N or cpu [cuda:0 if present]."),
+    device: str = typer.Option(None, "--device", help=_DEVICE_HELP),
     precision: str = typer.Option("fp32", "--precision", help="fp32, bf16 or fp16."),
-    workers: int = typer.Option(None, "--workers", help="Data-loader processes [cores-1, ≤8]."),
+    workers: int = typer.Option(
+        None, "--workers", help="Data-loader processes [default: cores-1, at most 8]."
+    ),
     data: str = typer.Option("synthetic", "--data", help="'synthetic' (on the device) or a path."),
     until_ci: float = typer.Option(
         None, "--until-ci", help="Stop once the 95% CI half-width is below PCT percent."
@@ -225,7 +260,7 @@ def run(
         worker_affinity=worker_affinity, storage_latency_s=storage_latency_ms / 1000.0,
         storage_bandwidth_bytes_per_s=_mb_per_s_to_bytes(storage_bandwidth_mbps),
     )  # fmt: skip
-    result = _train(config, json_out, store)
+    result = _train(config, store)
     if json_out:
         _emit_json(_train_json(result))
     else:
@@ -236,8 +271,7 @@ def _run_command(argv: list[str], sample_hz: float, name, store: bool, json_out:
     from gpulens.launch.command import run_command
     from gpulens.report.terminal import render_command_summary
 
-    if not json_out:
-        err.print(f"[dim]monitoring: {' '.join(argv)}[/dim]")
+    err.print(Text(f"monitoring: {' '.join(argv)}", style="dim"), soft_wrap=True)
     result = run_command(
         argv, runs_dir(), sample_hz=sample_hz, name=name, stdout_to_stderr=json_out
     )
@@ -256,11 +290,12 @@ def _run_command(argv: list[str], sample_hz: float, name, store: bool, json_out:
                 "measured_steps": s.get("measured_steps"),
                 "throughput_samples_per_s": s.get("throughput_samples_per_s"),
                 "throughput_ci95_pct": s.get("throughput_ci95_pct"),
+                "throughput_ci95_samples_per_s": s.get("throughput_ci95_samples_per_s"),
                 "phases_s": s.get("phases_s"),
                 "gpu": s.get("gpu"),
                 "gpus": s.get("gpus"),
                 "host": s.get("host"),
-                "monitor_overhead_pct": s.get("monitor_overhead_pct"),
+                **_monitor_cost(s),
                 "mfu": None,
             }
         )
@@ -304,7 +339,7 @@ def stalls(
     ),
     workers: int = typer.Option(None, "--workers", help="Data-loader processes."),
     batch_size: int = typer.Option(None, "--batch-size", "-b", help="Samples per step."),
-    device: str = typer.Option(None, "--device", help="cuda:N or cpu [cuda:0 if present]."),
+    device: str = typer.Option(None, "--device", help=_DEVICE_HELP),
     precision: str = typer.Option("fp32", "--precision", help="fp32, bf16 or fp16."),
     until_ci: float = typer.Option(
         3.0,
@@ -376,9 +411,8 @@ def stalls(
             )
         from gpulens.experiments.stalls_command import run_stalls_command
 
-        result = run_stalls_command(
-            target, data, runs_dir(), progress=lambda msg: err.print(f"[dim]stalls: {msg}[/dim]")
-        )
+        with _progress("stalls") as progress:
+            result = run_stalls_command(target, data, runs_dir(), progress=progress.phase)
     else:
         config = StallsConfig(
             workload=target[0], data=data, gpus=gpus, batch_size=batch_size, workers=workers,
@@ -387,11 +421,8 @@ def stalls(
             worker_affinity=worker_affinity, storage_latency_s=storage_latency_ms / 1000.0,
             storage_bandwidth_bytes_per_s=_mb_per_s_to_bytes(storage_bandwidth_mbps),
         )  # fmt: skip
-        with _progress(json_out) as progress:
-            task = progress.add_task("stalls", total=None)
-            result = run_stalls(
-                config, runs_dir(), progress=lambda msg: progress.update(task, description=msg)
-            )
+        with _progress("stalls") as progress:
+            result = run_stalls(config, runs_dir(), progress=progress.phase)
     repeated = (run_id for ids in result.all_runs.values() for run_id in ids)
     for run_id in {*result.runs.values(), *repeated}:
         if run_id:
@@ -446,7 +477,7 @@ def colocate(
     ),
     duration: float = typer.Option(15.0, "--duration", help="Measured seconds per run."),
     warmup: float = typer.Option(3.0, "--warmup", help="Warm-up seconds before each run."),
-    device: str = typer.Option(None, "--device", help="cuda:N or cpu [cuda:0 if present]."),
+    device: str = typer.Option(None, "--device", help=_DEVICE_HELP),
     max_slowdown: float = typer.Option(
         None,
         "--max-slowdown",
@@ -459,6 +490,7 @@ def colocate(
         None, "--from", help="With --plan: also read results from this JSON file (repeatable)."
     ),
     name: str = typer.Option(None, "--name", help="A name for the run."),
+    store: bool = typer.Option(True, "--store/--no-store", help="Log the run to MLflow."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
 ) -> None:
     from gpulens.workloads.colocate_job import parse_job, unique_names
@@ -492,11 +524,10 @@ def colocate(
         mps_limit_target=mps_limit, mps_mem_limit=mps_mem_limit, stream_priorities=priorities,
         duration_s=duration, warmup_s=warmup, device=device, max_slowdown=max_slowdown, name=name,
     )  # fmt: skip
-    with _progress(json_out) as progress:
-        task = progress.add_task("colocate", total=None)
-        doc = run_colocate(
-            config, runs_dir(), progress=lambda msg: progress.update(task, description=msg)
-        )
+    with _progress("colocate") as progress:
+        doc = run_colocate(config, runs_dir(), progress=progress.phase)
+    if doc.get("run_id"):
+        _store(runs_dir() / doc["run_id"], store)
     if json_out:
         _emit_json(doc)
     else:
@@ -508,7 +539,7 @@ def colocate(
              "store the run and print what was measured. Works on CPU-only machines.")  # fmt: skip
 def demo(
     steps: int = typer.Option(None, "--steps", help="Measured steps [60 on CPU, 200 on GPU]."),
-    device: str = typer.Option(None, "--device", help="cuda:N or cpu [cuda:0 if present]."),
+    device: str = typer.Option(None, "--device", help=_DEVICE_HELP),
     store: bool = typer.Option(True, "--store/--no-store", help="Log the run to MLflow."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
 ) -> None:
@@ -522,11 +553,10 @@ def demo(
     data_dir = gpulens_home() / "demo-data" / "images"
     n_images = 2048 if gpu else 384
     if not data_dir.exists():
-        with _progress(json_out) as progress:
-            task = progress.add_task("making demo JPEGs", total=n_images)
+        with _progress("demo", unit="images") as progress:
             make_images(
                 data_dir, n_images,
-                progress=lambda done, total: progress.update(task, completed=done, total=total),
+                progress=lambda done, total: progress.count(done, total, "making demo JPEGs"),
             )  # fmt: skip
     config = TrainConfig(
         workload="resnet18" if gpu else "tiny_cnn",
@@ -537,7 +567,7 @@ def demo(
         data=str(data_dir),
         name="demo",
     )
-    result = _train(config, json_out, store, kind="demo")
+    result = _train(config, store, kind="demo", label="demo")
     if json_out:
         _emit_json(_train_json(result))
     else:
@@ -599,11 +629,10 @@ def data_make(
         raise UsageError(f"unknown data kind '{kind}': use images or tokens")
     if n <= 0:
         raise UsageError(f"--n must be a positive integer, got {n}")
-    with _progress(json_out) as progress:
-        task = progress.add_task(f"making {kind}", total=n)
+    with _progress("data make", unit=kind) as progress:
 
         def on_progress(done: int, total: int) -> None:
-            progress.update(task, completed=done, total=total)
+            progress.count(done, total, f"making {kind}")
 
         if kind == "images":
             info = make_images(out_dir, n, force=force, progress=on_progress)
@@ -629,39 +658,56 @@ _mount_runs()
 
 
 # -------------------------------------------------------------------------------------- main
-def main(argv: list[str] | None = None) -> int:
-    """Entry point: one line and a non-zero exit for every error, tracebacks only with --debug."""
-    args = sys.argv[1:] if argv is None else argv
-    debug = "--debug" in args
+def _own_args(args: list[str]) -> list[str]:
+    """gpulens's own arguments: those before a `--` (after it, the wrapped command's)."""
+    return args[: args.index("--")] if "--" in args else args
+
+
+def _command_path(own: list[str]) -> str:
+    """``gpulens run`` for ``run resnet18 --steps``: the (sub)commands named in the arguments."""
     try:
-        app(args=args, prog_name="gpulens", standalone_mode=False)
-        return 0
-    except GpulensError as exc:
-        if debug:
+        command: Any = typer.main.get_command(app)
+        path = ["gpulens"]
+        for arg in own:
+            sub = (getattr(command, "commands", None) or {}).get(arg)
+            if sub is None:
+                if arg.startswith("-"):
+                    continue
+                break
+            path.append(arg)
+            command = sub
+        return " ".join(path)
+    except Exception:  # only a hint in a message
+        return "gpulens"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: one line and an exit code for every error (0 ok, 1 failed, 2 usage,
+    130 Ctrl-C); with --json one JSON document on stdout, an error one included; tracebacks only
+    with --debug."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    own = _own_args(args)
+    debug, json_mode = "--debug" in own, "--json" in own
+    output.reset()
+    try:
+        rv = app(args=args, prog_name="gpulens", standalone_mode=False)
+    except SystemExit as exc:
+        rv = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException as exc:
+        if debug and not isinstance(
+            exc, (failure.CLICK_EXCEPTION, failure.EXIT, failure.ABORT, KeyboardInterrupt)
+        ):
             raise
-        err.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
-        return exc.exit_code
-    except click.exceptions.Abort:
-        err.print("interrupted")
-        return 130
-    except KeyboardInterrupt:
-        err.print("interrupted")
-        return 130
-    except click.exceptions.ClickException as exc:
-        exc.show(file=sys.stderr)
-        return exc.exit_code
-    except click.exceptions.Exit as exc:
-        return exc.exit_code
-    except Exception as exc:
-        if debug:
-            raise
-        err.print(
-            f"[red]internal error:[/red] {type(exc).__name__}: {exc} "
-            "(run again with --debug for the traceback, and please report it)",
-            highlight=False,
-            soft_wrap=True,
+        return failure.handle(exc, err, json_mode, _command_path(own))
+    # Not standalone, typer returns the exit code of a typer.Exit (Ctrl-C is Exit(130)).
+    code = rv if isinstance(rv, int) and not isinstance(rv, bool) else 0
+    if code == 130:
+        return failure.handle(KeyboardInterrupt(), err, json_mode)
+    if code != 0 and json_mode and not output.emitted():
+        return failure.report_failure(
+            failure.Failure(code, f"gpulens exited with code {code}"), err, json_mode
         )
-        return 1
+    return code
 
 
 if __name__ == "__main__":

@@ -1,13 +1,13 @@
 """``gpulens runs ...``: list, show, compare, export and sync stored runs.
 
 Humans get rich tables on stdout; ``--json`` prints exactly one JSON document on stdout; progress
-and logs go to stderr. Errors are gpulens exceptions, rendered by the main entry point.
+and logs go to stderr. Errors are gpulens exceptions, rendered by the main entry point. Names,
+errors and every other value from a record are plain text in a table, never rich markup.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -16,13 +16,16 @@ import typer
 from rich import box
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from gpulens.paths import default_tracking_uri, runs_dir
-from gpulens.record.reader import RunRecord, list_records
+from gpulens.record.reader import DamagedRecord, RunRecord, scan_records
+from gpulens.report.output import emit_json
 from gpulens.store.queries import (
     EXPORT_FORMATS,
     REL_DIFF_COLUMN,
     compare_runs,
+    damaged_facts,
     export_run,
     find_run,
     flatten,
@@ -35,24 +38,31 @@ runs_app = typer.Typer(
     help="List, inspect, compare, export and sync stored runs.",
     no_args_is_help=True,
     add_completion=False,
+    rich_markup_mode=None,
 )
 
 out = Console()
 err = Console(stderr=True)
 
-_STATUS_STYLE = {"finished": "green", "running": "cyan", "failed": "red", "killed": "yellow"}
+_STATUS_STYLE = {
+    "finished": "green",
+    "running": "cyan",
+    "failed": "red",
+    "killed": "yellow",
+    "damaged": "bold red",
+}
 _LIST_METRICS = ("throughput_samples_per_s", "wall_s")
 
 
 def _emit_json(doc: Any) -> None:
-    sys.stdout.write(json.dumps(json_safe(doc), default=str, allow_nan=False) + "\n")
-    sys.stdout.flush()
+    emit_json(json_safe(doc))
 
 
-def _cell(value: Any, max_chars: int = 200) -> str:
-    """``_fmt`` cut to ``max_chars`` (a table is no place for an 800-character string)."""
+def _cell(value: Any, max_chars: int = 200) -> Text:
+    """``_fmt`` cut to ``max_chars`` (a table is no place for an 800-character string), as
+    plain text: a run name like ``[bold]x[/]`` shows as typed."""
     text = _fmt(value)
-    return text if len(text) <= max_chars else text[: max_chars - 1] + "…"
+    return Text(text if len(text) <= max_chars else text[: max_chars - 1] + "…")
 
 
 def _fmt(value: Any) -> str:
@@ -78,9 +88,8 @@ def _when(iso: str | None, seconds: bool = True) -> str:
         return iso
 
 
-def _status(status: str | None) -> str:
-    style = _STATUS_STYLE.get(status or "", "white")
-    return f"[{style}]{status}[/{style}]"
+def _status(status: str | None) -> Text:
+    return Text(str(status), style=_STATUS_STYLE.get(status or "", "white"))
 
 
 def _synced(record: RunRecord, uri: str) -> str | None:
@@ -89,7 +98,11 @@ def _synced(record: RunRecord, uri: str) -> str | None:
     return synced_run_id(record, uri, DEFAULT_EXPERIMENT)
 
 
-def _list_row(record: RunRecord, uri: str) -> dict[str, Any]:
+def _list_row(record: RunRecord | DamagedRecord, uri: str) -> dict[str, Any]:
+    if isinstance(record, DamagedRecord):
+        row = damaged_facts(record)
+        row.update(dict.fromkeys(_LIST_METRICS), mlflow_run_id=None)
+        return row
     row = run_facts(record)
     summary = record.meta.get("summary") or {}
     for key in _LIST_METRICS:
@@ -102,16 +115,16 @@ def _list_row(record: RunRecord, uri: str) -> dict[str, Any]:
 # (header, cell, min width, column options) in the order shown; narrow terminals drop the last
 # ones in _LIST_DROP_ORDER first.
 _LIST_COLUMNS: list[tuple[str, Any, int, dict[str, Any]]] = [
-    ("run id", lambda r: r["run_id"], 22, {"style": "bold"}),
+    ("run id", lambda r: Text(str(r["run_id"])), 22, {"style": "bold"}),
     ("status", lambda r: _status(r["status"]), 8, {}),
-    ("created", lambda r: _when(r["created_at"], seconds=False), 11, {}),
-    ("dur s", lambda r: _fmt(r["duration_s"]), 5, {"justify": "right"}),
-    ("samples/s", lambda r: _fmt(r["throughput_samples_per_s"]), 9, {"justify": "right"}),
-    ("workload", lambda r: _fmt(r["workload"]), 10, {"overflow": "ellipsis", "ratio": 2}),
-    ("device", lambda r: _fmt(r["device"]), 6, {"overflow": "ellipsis", "ratio": 1}),
+    ("created", lambda r: Text(_when(r["created_at"], seconds=False)), 11, {}),
+    ("dur s", lambda r: _cell(r["duration_s"]), 5, {"justify": "right"}),
+    ("samples/s", lambda r: _cell(r["throughput_samples_per_s"]), 9, {"justify": "right"}),
+    ("workload", lambda r: _cell(r["workload"]), 10, {"overflow": "ellipsis", "ratio": 2}),
+    ("device", lambda r: _cell(r["device"]), 6, {"overflow": "ellipsis", "ratio": 1}),
     (
         "name",
-        lambda r: "" if r["name"] == r["run_id"] else _fmt(r["name"]),
+        lambda r: Text("" if r["name"] == r["run_id"] else _fmt(r["name"])),
         6,
         {"overflow": "ellipsis", "ratio": 1},
     ),
@@ -136,18 +149,21 @@ def list_runs(
     kind: str = typer.Option(None, "--kind", help="Only runs of this kind (train, command...)."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
 ) -> None:
-    records = list(reversed(list_records(runs_dir())))
+    readable, damaged = scan_records(runs_dir())
+    records: list[RunRecord | DamagedRecord] = [*reversed(readable), *reversed(damaged)]
     if status:
         records = [r for r in records if r.status == status]
     if kind:
-        records = [r for r in records if r.meta.get("kind") == kind]
+        records = [r for r in records if isinstance(r, RunRecord) and r.meta.get("kind") == kind]
     total = len(records)
     if limit and limit > 0:
         records = records[:limit]
     uri = default_tracking_uri()
     rows = [_list_row(r, uri) for r in records]
     if json_out:
-        _emit_json({"runs": rows, "total": total, "runs_dir": str(runs_dir())})
+        _emit_json(
+            {"runs": rows, "total": total, "damaged": len(damaged), "runs_dir": str(runs_dir())}
+        )
         return
     if not rows:
         out.print(
@@ -166,6 +182,8 @@ def list_runs(
     for row in rows:
         table.add_row(*(cell(row) for _, cell, _, _ in columns))
     out.print(table)
+    for bad in damaged:
+        err.print(Text(bad.message(), style="red"), soft_wrap=True)
 
 
 # ----------------------------------------------------------------------------- show
@@ -177,7 +195,8 @@ def _kv_table(title: str, items: dict[str, Any], *extra: tuple[str, dict[str, An
         table.add_column(name, overflow="fold")
     keys = list(dict.fromkeys([*items, *(k for _, d in extra[1:] for k in d)]))
     for key in keys:
-        table.add_row(key, _cell(items.get(key)), *(_cell(d.get(key)) for _, d in extra[1:]))
+        row = [_cell(items.get(key)), *(_cell(d.get(key)) for _, d in extra[1:])]
+        table.add_row(Text(str(key)), *row)
     return table
 
 
@@ -219,7 +238,7 @@ def show(
     table.add_column(style="bold")
     table.add_column(overflow="fold")
     for key, value in head.items():
-        table.add_row(key, value if key == "status" else _fmt(value))
+        table.add_row(key, value if key == "status" else _cell(value, 10_000))
     out.print(table)
     eff = flatten(meta.get("effective_config") or {}, keep_none=True)
     req = flatten(meta.get("requested_config") or {}, keep_none=True)
@@ -238,12 +257,21 @@ def show(
     for col in ("name", "rows", "format", "columns"):
         st.add_column(col, overflow="fold")
     for s in series:
-        st.add_row(s["name"], str(s["rows"]), s["format"], ", ".join(s["columns"]))
-    out.print(st if series else "[dim]no series recorded[/dim]")
+        columns = Text(", ".join(s["columns"]))
+        if s.get("damaged"):
+            columns = Text("damaged: see below", style="red")
+        st.add_row(Text(s["name"]), _cell(s["rows"]), s["format"], columns)
+    out.print(st if series else Text("no series recorded", style="dim"))
+    for s in series:
+        if s.get("damaged"):
+            err.print(Text.assemble(("warning: ", "yellow"), s["damaged"]), soft_wrap=True)
     for entry in mlflow:
         out.print(
-            f"[dim]mlflow: run {entry.get('mlflow_run_id')} in experiment "
-            f"'{entry.get('experiment')}' at {entry.get('tracking_uri')}[/dim]",
+            Text(
+                f"mlflow: run {entry.get('mlflow_run_id')} in experiment "
+                f"'{entry.get('experiment')}' at {entry.get('tracking_uri')}",
+                style="dim",
+            ),
             soft_wrap=True,
         )
 
@@ -281,17 +309,17 @@ def compare(
     names = [r.meta.get("name") for r in records]
     for col, name in zip(run_cols, names, strict=True):
         header = col if not name or name == col or names.count(name) > 1 else f"{name}\n{col}"
-        table.add_column(header, justify="right", overflow="fold")
+        table.add_column(Text(header), justify="right", overflow="fold")
     if REL_DIFF_COLUMN in df.columns:
         table.add_column("vs first", justify="right", no_wrap=True)
     for field, row in df.iterrows():
         if field == "created_at":
-            cells = [_when(row[c]) for c in run_cols]
+            cells = [Text(_when(row[c])) for c in run_cols]
         else:
             cells = [_cell(row[c], 40) for c in run_cols]
         if REL_DIFF_COLUMN in df.columns:
             cells.append(_pct(row[REL_DIFF_COLUMN]))
-        table.add_row(str(field), *cells)
+        table.add_row(Text(str(field)), *cells)
     out.print(table)
 
 
@@ -308,7 +336,7 @@ def export(
     if json_out:
         _emit_json({"run_id": record.run_id, "format": fmt, "path": str(path)})
     else:
-        out.print(f"exported {record.run_id} ({fmt}) to {path}", soft_wrap=True)
+        out.print(Text(f"exported {record.run_id} ({fmt}) to {path}"), soft_wrap=True)
 
 
 # ----------------------------------------------------------------------------- sync
@@ -327,7 +355,7 @@ def sync(
 
     def progress(i: int, total: int, run_id: str) -> None:
         if run_id and not quiet:
-            err.print(f"[dim]syncing {i + 1}/{total}: {run_id}[/dim]")
+            err.print(Text(f"syncing {i + 1}/{total}: {run_id}", style="dim"))
 
     results = sync_all(tracking_uri=tracking_uri, experiment=experiment, on_record=progress)
     synced = [{"run_id": rid, "mlflow_run_id": res} for rid, res in results if isinstance(res, str)]
@@ -346,15 +374,25 @@ def sync(
             }
         )
     elif not results:
-        out.print(f"nothing to sync: every ended run is already in {tracking_uri}", soft_wrap=True)
+        out.print(
+            Text(f"nothing to sync: every ended run is already in {tracking_uri}"), soft_wrap=True
+        )
     else:
         for item in synced:
-            out.print(f"{item['run_id']} -> mlflow run {item['mlflow_run_id']}", soft_wrap=True)
+            out.print(Text(f"{item['run_id']} -> mlflow run {item['mlflow_run_id']}"))
         for item in failed:
-            out.print(f"[red]{item['run_id']} failed:[/red] {item['error']}", soft_wrap=True)
+            line = Text.assemble((f"{item['run_id']} failed: ", "red"), item["error"])
+            out.print(line, soft_wrap=True)
         out.print(
-            f"[dim]{len(synced)} synced, {len(failed)} failed, store: {tracking_uri}[/dim]",
+            Text(f"{len(synced)} synced, {len(failed)} failed, store: {tracking_uri}", style="dim"),
             soft_wrap=True,
         )
     if failed:
+        # exit 1: a script must notice that some runs are not in the store
+        err.print(
+            Text(
+                f"error: {len(failed)} of {len(results)} runs could not be synced to "
+                f"{tracking_uri}; fix the store and run `gpulens runs sync` again"
+            )
+        )
         raise typer.Exit(1)

@@ -36,3 +36,14 @@ class MissingExtraError(GpulensError):
         )
         self.package = package
         self.extra = extra
+
+
+class DamagedRecordError(RuntimeFailure):
+    """A run record on disk cannot be read (truncated, empty or malformed file).
+
+    ``path`` is the damaged file; the message says what can still be read and how to fix it.
+    """
+
+    def __init__(self, message: str, path=None):
+        super().__init__(message)
+        self.path = path

@@ -14,7 +14,11 @@ import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from gpulens.errors import DamagedRecordError
 from gpulens.record import schema
+
+# The status shown for a record whose run.json cannot be read (never written by a writer).
+STATUS_DAMAGED = "damaged"
 
 
 @dataclass
@@ -39,8 +43,43 @@ class RunRecord:
         return sorted({p.stem for p in d.iterdir() if p.suffix in _SERIES_SUFFIXES})
 
     def series(self, name: str) -> pd.DataFrame:
-        """One series as a DataFrame; an empty frame if the run never wrote it."""
+        """One series as a DataFrame; an empty frame if the run never wrote it.
+
+        Raises ``DamagedRecordError`` naming the file if its Parquet file is damaged.
+        """
         return read_series_table(self.dir / schema.SERIES_DIR / name).to_pandas()
+
+
+@dataclass
+class DamagedRecord:
+    """A run directory whose ``run.json`` cannot be read: what is wrong and what still reads."""
+
+    dir: Path
+    file: Path
+    problem: str
+    readable: list[str] = field(default_factory=list)
+
+    @property
+    def run_id(self) -> str:
+        return self.dir.name
+
+    @property
+    def status(self) -> str:
+        return STATUS_DAMAGED
+
+    def message(self) -> str:
+        still = (
+            f"its series can still be read ({', '.join(self.readable)})"
+            if self.readable
+            else "no series can be read from it"
+        )
+        return (
+            f"run record {self.dir} is damaged: {self.file.name} {self.problem}; {still}. "
+            f"Fix: restore {self.file} from a backup, or delete the record (rm -r {self.dir})"
+        )
+
+    def error(self) -> DamagedRecordError:
+        return DamagedRecordError(self.message(), path=self.file)
 
 
 _SERIES_SUFFIXES = (schema.PARQUET_SUFFIX, schema.STREAM_SUFFIX)
@@ -50,7 +89,10 @@ def read_series_table(base: Path) -> pa.Table:
     """``base.parquet``, or for a live or killed run every complete batch of ``base.arrows``."""
     parquet = base.with_suffix(schema.PARQUET_SUFFIX)
     if parquet.exists():
-        return pq.read_table(parquet)
+        try:
+            return pq.read_table(parquet)
+        except (pa.ArrowException, OSError) as exc:
+            raise damaged_series_error(parquet, exc) from exc
     stream = base.with_suffix(schema.STREAM_SUFFIX)
     if not stream.exists():
         return pa.table({})
@@ -73,6 +115,23 @@ def read_series_table(base: Path) -> pa.Table:
                 return pa.table({})
         arrow_schema = batches[0].schema
     return pa.Table.from_batches(batches, schema=arrow_schema)
+
+
+def damaged_series_error(path: Path, exc: BaseException) -> DamagedRecordError:
+    """The error for a series file that cannot be read, naming the file and the fix."""
+    size = path.stat().st_size if path.exists() else 0
+    why = "is empty" if size == 0 else f"cannot be read ({_first_line(exc)})"
+    return DamagedRecordError(
+        f"series file {path} {why}: the record's run.json and other series can still be read "
+        f"(gpulens runs show {path.parent.parent.name}). Fix: restore the file from a backup, "
+        f"or delete it to keep the rest of the record",
+        path=path,
+    )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
 
 
 def _schema_only(stream: Path) -> pa.Table:
@@ -98,31 +157,104 @@ def _owner_alive(meta: dict[str, Any]) -> bool:
     return age_s < schema.HEARTBEAT_STALE_S
 
 
-def read_record(run_dir: Path) -> RunRecord:
-    """Read one record. A ``running`` record whose owner is gone is reported as ``killed``."""
+def _owner_alive_safe(meta: dict[str, Any]) -> bool:
+    """``_owner_alive``, with a hand-edited pid or heartbeat counting as a dead owner."""
+    try:
+        return _owner_alive(meta)
+    except (TypeError, ValueError, OverflowError):
+        return False
+
+
+def _readable_series(run_dir: Path) -> list[str]:
+    """Names of the series in ``run_dir`` that read back (for a damaged record's message)."""
+    names = []
+    for name in RunRecord(run_dir).series_names():
+        try:
+            read_series_table(run_dir / schema.SERIES_DIR / name)
+        except DamagedRecordError:
+            continue
+        names.append(name)
+    return names
+
+
+def _problem(path: Path) -> tuple[dict[str, Any] | None, str]:
+    """``(meta, "")`` for a readable run.json, else ``(None, what is wrong with it)``."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None, "is missing"
+    except OSError as exc:
+        return None, f"cannot be read ({exc.strerror or exc})"
+    if not raw.strip():
+        return None, "is empty" if not raw else "holds only whitespace"
+    try:
+        meta = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        return None, "is not UTF-8 text"
+    except json.JSONDecodeError as exc:
+        where = f"line {exc.lineno} column {exc.colno}"
+        if exc.pos >= len(raw.rstrip()):
+            return None, f"is truncated (the JSON ends early, at {where})"
+        return None, f"is not valid JSON ({exc.msg} at {where})"
+    if not isinstance(meta, dict):
+        return None, f"holds a JSON {type(meta).__name__}, not an object"
+    for key in ("run_id", "status"):
+        if not isinstance(meta.get(key), str) or not meta.get(key):
+            return None, f"has no '{key}'"
+    return meta, ""
+
+
+def inspect_record(run_dir: Path) -> RunRecord | DamagedRecord:
+    """Read one record, or describe why it cannot be read (never raises for a damaged one)."""
     run_dir = Path(run_dir)
     path = run_dir / schema.RUN_FILE
-    try:
-        meta = json.loads(path.read_text())
-    except FileNotFoundError as exc:
-        raise FileNotFoundError(f"{run_dir} is not a gpulens run (no {schema.RUN_FILE})") from exc
-    if meta.get("status") == schema.STATUS_RUNNING and not _owner_alive(meta):
+    meta, problem = _problem(path)
+    if meta is None:
+        return DamagedRecord(run_dir, path, problem, _readable_series(run_dir))
+    return _resolve(RunRecord(run_dir, meta))
+
+
+def read_record(run_dir: Path) -> RunRecord:
+    """Read one record. A ``running`` record whose owner is gone is reported as ``killed``.
+
+    Raises ``FileNotFoundError`` if ``run_dir`` holds no run.json and ``DamagedRecordError``
+    (naming the file, what still reads and the fix) if run.json cannot be read.
+    """
+    run_dir = Path(run_dir)
+    path = run_dir / schema.RUN_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"{run_dir} is not a gpulens run (no {schema.RUN_FILE})")
+    found = inspect_record(run_dir)
+    if isinstance(found, DamagedRecord):
+        raise found.error()
+    return found
+
+
+def _resolve(record: RunRecord) -> RunRecord:
+    meta = record.meta
+    if meta.get("status") == schema.STATUS_RUNNING and not _owner_alive_safe(meta):
         meta["status"] = schema.STATUS_KILLED
         meta["error"] = meta.get("error") or "the process died before the run finished"
-    return RunRecord(run_dir, meta)
+    return record
+
+
+def scan_records(runs_root: Path) -> tuple[list[RunRecord], list[DamagedRecord]]:
+    """Every record under ``runs_root``: the readable ones oldest first, and the damaged ones
+    (a run.json that is empty, truncated or not an object) by directory name."""
+    runs_root = Path(runs_root)
+    if not runs_root.is_dir():
+        return [], []
+    records: list[RunRecord] = []
+    damaged: list[DamagedRecord] = []
+    for d in sorted(runs_root.iterdir()):
+        if (d / schema.RUN_FILE).is_file():
+            found = inspect_record(d)
+            (damaged if isinstance(found, DamagedRecord) else records).append(found)
+    records.sort(key=lambda r: str(r.meta.get("created_at") or ""))
+    return records, damaged
 
 
 def list_records(runs_root: Path) -> list[RunRecord]:
-    """Every readable record under ``runs_root``, oldest first."""
-    runs_root = Path(runs_root)
-    if not runs_root.is_dir():
-        return []
-    records = []
-    for d in sorted(runs_root.iterdir()):
-        if (d / schema.RUN_FILE).is_file():
-            try:
-                records.append(read_record(d))
-            except (json.JSONDecodeError, OSError):
-                continue
-    records.sort(key=lambda r: r.meta.get("created_at") or "")
-    return records
+    """Every readable record under ``runs_root``, oldest first (damaged ones left out: see
+    ``scan_records``)."""
+    return scan_records(runs_root)[0]

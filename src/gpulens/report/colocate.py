@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 
 def _num(value: Any, fmt: str = "{:,.1f}") -> str:
@@ -19,7 +21,9 @@ def _ms(value_s: float | None) -> str:
 def render_colocate(console: Console, doc: dict[str, Any]) -> None:
     gpu = doc.get("gpu") or {}
     where = gpu.get("name") or doc.get("device") or "?"
-    console.print(f"[bold]collocation on {where}[/bold] · {doc.get('duration_s')} s per run")
+    console.print(
+        f"[bold]collocation on {escape(str(where))}[/bold] · {doc.get('duration_s')} s per run"
+    )
     alone = Table(title="alone", title_justify="left")
     for col in ("job", "what", "samples/s", "step p50 ms", "step p99 ms", "peak mem GiB",
                 "J/sample"):  # fmt: skip
@@ -27,7 +31,7 @@ def render_colocate(console: Console, doc: dict[str, Any]) -> None:
     for j in doc["jobs"]:
         mem = j.get("peak_mem_bytes")
         alone.add_row(
-            j["name"], j["key"], _num(j.get("throughput_alone")),
+            Text(str(j["name"])), Text(str(j["key"])), _num(j.get("throughput_alone")),
             _ms(j.get("step_time_p50_alone_s")), _ms(j.get("step_time_p99_alone_s")),
             _num(mem / 2**30 if mem else None, "{:.2f}"),
             _num(j.get("energy_per_sample_alone_j"), "{:.3f}"),
@@ -39,12 +43,17 @@ def render_colocate(console: Console, doc: dict[str, Any]) -> None:
         table.add_column(col, justify="left" if col in ("mechanism", "setting", "job") else "right")
     for r in doc["results"]:
         if r["status"] != "ok":
-            table.add_row(r["mechanism"], r["setting"], f"[yellow]{r['error']}[/yellow]")
+            table.add_row(
+                Text(str(r["mechanism"])),
+                Text(str(r["setting"])),
+                Text(str(r["error"]), style="yellow"),
+            )
             continue
         for i, j in enumerate(r["jobs"]):
             first = i == 0
             table.add_row(
-                r["mechanism"] if first else "", r["setting"] if first else "", j["name"],
+                Text(str(r["mechanism"])) if first else "",
+                Text(str(r["setting"])) if first else "", Text(str(j["name"])),
                 _num(j.get("throughput_together")), _num(j.get("slowdown"), "{:.2f}x"),
                 _ms(j.get("step_time_p50_s")), _ms(j.get("step_time_p99_s")),
                 _num(r.get("normalized_aggregate_throughput"), "{:.2f}x") if first else "",
@@ -55,10 +64,10 @@ def render_colocate(console: Console, doc: dict[str, Any]) -> None:
         table.add_section()
     console.print(table)
     for w in doc.get("warnings") or []:
-        console.print(f"[yellow]warning:[/yellow] {w}")
-    console.print(f"[bold]recommendation:[/bold] {doc['recommendation']}")
+        console.print(Text.assemble(("warning: ", "yellow"), str(w)))
+    console.print(Text.assemble(("recommendation: ", "bold"), str(doc["recommendation"])))
     if doc.get("run_id"):
-        console.print(f"[dim]stored as run {doc['run_id']}[/dim]")
+        console.print(Text(f"stored as run {doc['run_id']}", style="dim"))
 
 
 def render_plan(console: Console, doc: dict[str, Any]) -> None:
@@ -72,11 +81,12 @@ def render_plan(console: Console, doc: dict[str, Any]) -> None:
             table.add_column(col, justify="right" if col in ("aggregate", "worst slowdown")
                              else "left")  # fmt: skip
         for g in p["groups"]:
-            table.add_row(" + ".join(g["jobs"]), g["mechanism"], g["setting"] or "",
+            table.add_row(Text(" + ".join(g["jobs"])), Text(g["mechanism"]),
+                          Text(g["setting"] or ""),
                           f"{g['normalized_aggregate_throughput']:.2f}x",
                           f"{g['max_slowdown']:.2f}x")  # fmt: skip
         console.print(table)
     q = doc.get("quality")
     console.print(f"plan quality: {_num(100 * q if q is not None else None, '{:.0f}%')} of the "
                   f"exhaustive best ({doc['measured_groups']} measured group(s))")  # fmt: skip
-    console.print(f"[bold]recommendation:[/bold] {doc['recommendation']}")
+    console.print(Text.assemble(("recommendation: ", "bold"), str(doc["recommendation"])))

@@ -1,4 +1,8 @@
-"""Terminal rendering of summaries (rich). The only place besides cli/web that prints."""
+"""Terminal rendering of summaries (rich). The only place besides cli/web that prints.
+
+Text that comes from users or data (names, paths, commands, GPU names, notes) is escaped or
+wrapped in ``Text``: it is never read as rich markup.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 
 def _fmt(value: Any, unit: str = "", digits: int = 1) -> str:
@@ -14,7 +19,7 @@ def _fmt(value: Any, unit: str = "", digits: int = 1) -> str:
         return "[dim]n/a[/dim]"
     if isinstance(value, float):
         return f"{value:,.{digits}f}{unit}"
-    return f"{value}{unit}"
+    return escape(f"{value}{unit}")
 
 
 def _ms(value_s: float | None) -> str:
@@ -63,16 +68,18 @@ def render_train_summary(
     )
     if (summary.get("processes") or 1) > 1:
         title += f" per process ({summary['global_batch_size']} per step in all, DDP)"
+    title = escape(title)
     table = Table(title=title, show_header=False, title_justify="left", box=None, pad_edge=False)
     table.add_column(style="bold")
     table.add_column()
-    tput, ci = summary.get("throughput_samples_per_s"), summary.get("throughput_ci95_pct")
-    ci_text = f" ± {ci:.1f}% (95% CI)" if ci is not None else " (too few steps for a CI)"
-    table.add_row("throughput", f"{_fmt(tput)} samples/s{ci_text}")
+    tput = summary.get("throughput_samples_per_s")
+    table.add_row("throughput", f"{_fmt(tput)} samples/s{_ci_text(summary)}")
     table.add_row(
         "steps",
-        f"{summary['measured_steps']} measured after {summary['warmup_steps']} warm-up "
-        f"(stopped by {summary['stop_reason']})",
+        escape(
+            f"{summary['measured_steps']} measured after {summary['warmup_steps']} warm-up "
+            f"(stopped by {summary['stop_reason']})"
+        ),
     )
     phases = summary.get("phases_s") or {}
     step = phases.get("step")
@@ -83,7 +90,7 @@ def render_train_summary(
     table.add_row("  step", _ms(step))
     gpu = summary.get("gpu")
     if gpu:
-        table.add_row("GPU", gpu.get("name") or "")
+        table.add_row("GPU", Text(str(gpu.get("name") or "")))
         table.add_row("  utilization", _fmt(gpu.get("gpu_util_pct"), "%"))
         if gpu.get("sm_activity_pct") is not None:
             table.add_row(
@@ -100,23 +107,49 @@ def render_train_summary(
     host = summary.get("host") or {}
     table.add_row("CPU utilization", _fmt(host.get("cpu_util_pct"), "% of all cores"))
     table.add_row("  this run's processes", _fmt(host.get("proc_tree_cpu_pct"), "% of one core"))
-    table.add_row("monitor overhead", _fmt(summary.get("monitor_overhead_pct"), "% of one core", 2))
+    _monitor_rows(table, summary)
     console.print(table)
-    console.print(f"[dim]run {run_id} · record {record_dir}[/dim]")
+    console.print(Text(f"run {run_id} · record {record_dir}", style="dim"), soft_wrap=True)
     console.print("[bold]Next:[/bold]")
     for tip in next_steps(summary):
-        console.print(f"  • {tip}")
+        console.print(Text(f"  • {tip}"))
+
+
+def _ci_text(summary: dict[str, Any]) -> str:
+    """`` ± 2.9% (95% CI 1,180.2–1,250.3)``: the half-width, and the interval where known."""
+    ci = summary.get("throughput_ci95_pct")
+    if ci is None:
+        return " (too few steps for a CI)"
+    text = f" ± {ci:.1f}% (95% CI"
+    bounds = summary.get("throughput_ci95_samples_per_s")
+    if isinstance(bounds, (list, tuple)) and len(bounds) == 2 and None not in bounds:
+        text += f" {bounds[0]:,.1f}–{bounds[1]:,.1f}"
+    return text + ")"
+
+
+def sampler_cpu_pct(summary: dict[str, Any]) -> float | None:
+    """The sampler's CPU time as a share of one core (``monitor_overhead_pct`` in old runs)."""
+    value = summary.get("sampler_cpu_pct_of_core")
+    return summary.get("monitor_overhead_pct") if value is None else value
+
+
+def _monitor_rows(table: Table, summary: dict[str, Any]) -> None:
+    """What measuring cost: the sampler process's CPU and gpulens's time on the training
+    thread. Neither is a slowdown of the training (none was measured here)."""
+    table.add_row("sampler CPU (share of one core)", _fmt(sampler_cpu_pct(summary), "%", 2))
+    per_step = summary.get("tracking_us_per_step")
+    if per_step is not None or "tracking_us_per_step" in summary:
+        table.add_row("gpulens time per step", _fmt(per_step, " µs", 1))
 
 
 def render_command_summary(console: Console, result) -> None:
     s = result.summary
     console.print(
-        f"[bold]{result.status}[/bold] · exit code {result.returncode} · "
-        f"{s.get('wall_s', 0):.1f} s · run {result.run_id}"
+        f"[bold]{escape(str(result.status))}[/bold] · exit code {result.returncode} · "
+        f"{s.get('wall_s') or 0:.1f} s · run {escape(str(result.run_id))}"
     )
     if s.get("throughput_samples_per_s") is not None:
-        ci = s.get("throughput_ci95_pct")
-        ci_text = f" ± {ci:.1f}%" if ci is not None else ""
+        ci_text = _ci_text(s) if s.get("throughput_ci95_pct") is not None else ""
         console.print(f"throughput {s['throughput_samples_per_s']:,.1f} samples/s{ci_text}")
         phases = s.get("phases_s") or {}
         console.print(
@@ -130,7 +163,10 @@ def render_command_summary(console: Console, result) -> None:
         )
     host = s.get("host") or {}
     console.print(f"CPU: {_fmt(host.get('proc_tree_cpu_pct'), '% of one core')} for the command")
-    console.print(f"[dim]record {result.record_dir}[/dim]")
+    sampler = sampler_cpu_pct(s)
+    if sampler is not None:
+        console.print(f"sampler CPU: {sampler:.2f}% of one core")
+    console.print(Text(f"record {result.record_dir}", style="dim"), soft_wrap=True)
 
 
 def render_checks(console: Console, checks) -> None:
@@ -141,7 +177,7 @@ def render_checks(console: Console, checks) -> None:
     for c in checks:
         mark = "[green]ok[/green]" if c.ok else "[yellow]missing[/yellow]"
         detail = str(c.value) if c.ok or not c.how_to_enable else f"{c.value} — {c.how_to_enable}"
-        table.add_row(c.name, mark, detail)
+        table.add_row(Text(str(c.name)), mark, Text(detail))
     console.print(table)
 
 
@@ -196,7 +232,7 @@ def render_stalls(console: Console, doc: dict[str, Any], width: int = 60) -> Non
             kind = f"{kind} (half cold)"
             tput = paired_runs[run_id]["samples_per_s"]
             ci = paired_runs[run_id]["samples_per_s_ci95_pct"]
-        runs.add_row(kind, _fmt(tput), "" if ci is None else f"±{ci:.1f}%", run_id)
+        runs.add_row(Text(kind), _fmt(tput), "" if ci is None else f"±{ci:.1f}%", Text(run_id))
     console.print(runs)
     if paired:
         last = paired["runs"][-1]
@@ -214,11 +250,13 @@ def render_stalls(console: Console, doc: dict[str, Any], width: int = 60) -> Non
         stages = est.get("prep_stages") or {}
         stage_text = ", ".join(f"{k} {v:.0f}%" for k, v in stages.items() if v is not None)
         console.print(
-            f"single run (cached): the loop waits for data {est['data_wait']:.1f}% of the time"
-            + (f"; prep time goes to {stage_text}" if stage_text else "")
+            Text(
+                f"single run (cached): the loop waits for data {est['data_wait']:.1f}% of the "
+                "time" + (f"; prep time goes to {stage_text}" if stage_text else "")
+            )
         )
         if est.get("explanation"):
-            console.print(f"  {est['explanation']}")
+            console.print(Text(f"  {est['explanation']}"))
     timers = est.get("read_stall_from_timers") or {}
     if timers.get("fetch_read_pct") is not None:
         console.print(
@@ -228,29 +266,24 @@ def render_stalls(console: Console, doc: dict[str, Any], width: int = 60) -> Non
             " ms per sample read)"
         )
     wi = doc.get("what_if") or {}
-    if wi.get("workers"):
-        console.print(
-            "what if, workers → samples/s: "
-            + ", ".join(f"{k}: {v:,.0f}" for k, v in wi["workers"].items())
-        )
-    if wi.get("page_cache_pct"):
-        console.print(
-            "what if, % of dataset in page cache → samples/s: "
-            + ", ".join(f"{k}%: {v:,.0f}" for k, v in wi["page_cache_pct"].items())
-        )
-    if wi.get("storage"):
-        console.print(
-            "what if, storage → samples/s: "
-            + ", ".join(f"{k}: {v:,.0f}" for k, v in wi["storage"].items())
-        )
+    for key, label, unit in (
+        ("workers", "workers", ""),
+        ("page_cache_pct", "% of dataset in page cache", "%"),
+        ("storage", "storage", ""),
+    ):
+        if wi.get(key):
+            values = ", ".join(f"{k}{unit}: {v:,.0f}" for k, v in wi[key].items())
+            console.print(Text(f"what if, {label} → samples/s: {values}"))
     if doc.get("recommendations"):
         console.print("[bold]Recommendations[/bold] (by predicted gain)")
         for r in doc["recommendations"]:
             console.print(
-                f"  • {r['action']}: {r['predicted_samples_per_s']:,.0f} samples/s "
-                f"({r['predicted_gain_pct']:+.0f}%)"
+                Text(
+                    f"  • {r['action']}: {r['predicted_samples_per_s']:,.0f} samples/s "
+                    f"({r['predicted_gain_pct']:+.0f}%)"
+                )
             )
     for note in doc.get("notes") or []:
-        console.print(f"[dim]note: {note}[/dim]")
+        console.print(Text(f"note: {note}", style="dim"))
     if doc.get("wall_s") is not None:
         console.print(f"[dim]the breakdown took {doc['wall_s']:.0f} s[/dim]")

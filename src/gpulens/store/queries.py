@@ -6,6 +6,7 @@ Nothing here prints or imports MLflow: the records on disk are the source of tru
 from __future__ import annotations
 
 import json
+import logging
 import math
 import shutil
 from datetime import datetime
@@ -13,13 +14,24 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 
-from gpulens.errors import UsageError
+from gpulens.errors import DamagedRecordError, UsageError
 from gpulens.paths import runs_dir
 from gpulens.record import schema
-from gpulens.record.reader import RunRecord, list_records, read_record, read_series_table
+from gpulens.record.reader import (
+    DamagedRecord,
+    RunRecord,
+    damaged_series_error,
+    list_records,
+    read_record,
+    read_series_table,
+    scan_records,
+)
 from gpulens.record.writer import atomic_write_json
+
+log = logging.getLogger("gpulens.store")
 
 # Columns of ``load_runs`` that come before the flattened summary metrics, in this order.
 BASE_COLUMNS = (
@@ -99,6 +111,23 @@ def _records(home: Path | str | None) -> list[RunRecord]:
     return list_records(runs_dir(Path(home) if home else None))
 
 
+def _scan(home: Path | str | None) -> tuple[list[RunRecord], list[DamagedRecord]]:
+    return scan_records(runs_dir(Path(home) if home else None))
+
+
+def damaged_facts(damaged: DamagedRecord) -> dict[str, Any]:
+    """The ``BASE_COLUMNS`` of a damaged record: its id (the directory name), status
+    ``damaged``, and in ``error`` which file is damaged, what still reads and the fix."""
+    facts: dict[str, Any] = dict.fromkeys(BASE_COLUMNS)
+    facts.update(
+        run_id=damaged.run_id,
+        status=damaged.status,
+        error=damaged.message(),
+        record_dir=str(damaged.dir),
+    )
+    return facts
+
+
 def _parse_time(value: Any) -> datetime | None:
     if not value:
         return None
@@ -164,13 +193,18 @@ def load_runs(home: Path | str | None = None) -> pd.DataFrame:
 
     Columns: ``BASE_COLUMNS`` (``created_at``/``ended_at`` as UTC timestamps), then every
     flattened summary metric (``throughput_samples_per_s``, ``phases_s.data_wait``, ...) in sorted
-    order. A metric a run did not measure is NaN/None.
+    order. A metric a run did not measure is NaN/None. A record whose run.json cannot be read
+    is a row of its own at the end, with status ``damaged`` and ``error`` naming the file.
     """
     rows, metric_keys = [], set()
-    for record in _records(home):
+    records, damaged = _scan(home)
+    for record in records:
         metrics = summary_metrics(record)
         metric_keys.update(metrics)
         rows.append({**run_facts(record), **metrics})
+    for bad in damaged:
+        log.warning("%s", bad.message())
+        rows.append(damaged_facts(bad))
     columns = list(BASE_COLUMNS) + sorted(metric_keys)
     df = pd.DataFrame(rows, columns=columns)
     for col in ("created_at", "ended_at"):
@@ -186,20 +220,29 @@ def find_run(id_or_prefix: str | Path, home: Path | str | None = None) -> RunRec
     as_path = Path(key).expanduser()
     if (as_path / schema.RUN_FILE).is_file():
         return read_record(as_path)
-    records = _records(home)
-    if not records:
+    records, damaged = _scan(home)
+    if not records and not damaged:
         where = runs_dir(Path(home) if home else None)
         raise UsageError(f"no runs stored in {where}: start one with `gpulens run`")
     if key == "latest":
+        if not records:
+            raise damaged[-1].error()
         return records[-1]
     exact = [r for r in records if r.run_id == key]
     if exact:
         return exact[0]
-    matches = [r for r in records if r.run_id.startswith(key)]
+    exact_bad = [d for d in damaged if d.run_id == key]
+    if exact_bad:
+        raise exact_bad[0].error()
+    matches: list[RunRecord | DamagedRecord] = [r for r in records if r.run_id.startswith(key)]
+    matches += [d for d in damaged if d.run_id.startswith(key)]
     if not matches:
         matches = [r for r in records if r.meta.get("name") == key]
     if len(matches) == 1:
-        return matches[0]
+        found = matches[0]
+        if isinstance(found, DamagedRecord):
+            raise found.error()
+        return found
     if not matches:
         raise UsageError(f"no run matches '{key}': see `gpulens runs list`")
     shown = ", ".join(r.run_id for r in matches[:5]) + (", ..." if len(matches) > 5 else "")
@@ -221,18 +264,30 @@ def load_series(run_id: str, series: str = "gpu", home: Path | str | None = None
 
 
 def series_info(record: RunRecord) -> list[dict[str, Any]]:
-    """Name, row count, storage format and columns of each series the record holds."""
+    """Name, row count, storage format and columns of each series the record holds.
+
+    A series whose file cannot be read has ``rows`` None, no columns and ``damaged``: what is
+    wrong with which file and the fix; the others are listed as usual.
+    """
     info = []
     for name in record.series_names():
         base = record.dir / schema.SERIES_DIR / name
         parquet = base.with_suffix(schema.PARQUET_SUFFIX)
-        if parquet.exists():
-            meta = pq.ParquetFile(parquet).metadata
-            rows, fmt = meta.num_rows, "parquet"
-            columns = list(pq.read_schema(parquet).names)
-        else:
-            table = read_series_table(base)
-            rows, fmt, columns = table.num_rows, "arrow-stream", list(table.column_names)
+        try:
+            if parquet.exists():
+                try:
+                    meta = pq.ParquetFile(parquet).metadata
+                    columns = list(pq.read_schema(parquet).names)
+                except (pa.ArrowException, OSError) as exc:
+                    raise damaged_series_error(parquet, exc) from exc
+                rows, fmt = meta.num_rows, "parquet"
+            else:
+                table = read_series_table(base)
+                rows, fmt, columns = table.num_rows, "arrow-stream", list(table.column_names)
+        except DamagedRecordError as exc:
+            damaged = {"rows": None, "format": "parquet", "columns": [], "damaged": str(exc)}
+            info.append({"name": name, **damaged})
+            continue
         info.append({"name": name, "rows": rows, "format": fmt, "columns": columns})
     return info
 
