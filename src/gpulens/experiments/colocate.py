@@ -27,7 +27,9 @@ import json
 import logging
 import math
 import os
+import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -39,6 +41,13 @@ from pathlib import Path
 from typing import Any
 
 from gpulens.errors import RuntimeFailure, UsageError
+from gpulens.launch.processes import (
+    check_command,
+    make_work_dir,
+    reap,
+    remove_work_dir,
+    spawn,
+)
 from gpulens.workloads.colocate_job import JobSpec, ProcessSpec, unique_names
 
 log = logging.getLogger(__name__)
@@ -80,6 +89,9 @@ class ColocateConfig:
         if len(self.jobs) < 2:
             raise UsageError("give at least two jobs to run together, e.g. resnet18 resnet50")
         self.jobs = unique_names(list(self.jobs))
+        for job in self.jobs:
+            if job.kind == "cmd":
+                check_command(list(job.command), what=f"the command of job 'cmd:{job.name}'")
         bad = [m for m in self.mechanisms if m not in MECHANISMS]
         if bad or not self.mechanisms:
             raise UsageError(
@@ -241,6 +253,20 @@ def recommend(doc: dict[str, Any], max_slowdown: float | None = None) -> str:
     return text
 
 
+def experiment_status(doc: dict[str, Any]) -> tuple[str, str | None]:
+    """``("finished", None)`` when at least one mechanism measured the jobs together, else
+    ``("failed", why)``: a job that failed alone, or what stopped every mechanism."""
+    if any(r.get("status") == "ok" for r in doc["results"]):
+        return "finished", None
+    for job in doc["jobs"]:
+        if job.get("error"):
+            return "failed", f"nothing could be measured: job {job['name']} failed alone: " + str(
+                job["error"]
+            )
+    reasons = [f"{r['mechanism']}: {r.get('error') or r.get('status')}" for r in doc["results"]]
+    return "failed", "nothing could be measured: " + ("; ".join(reasons) or "no mechanism ran")
+
+
 def _label(result: dict[str, Any]) -> str:
     mech = {"mps": "MPS", "mig": "MIG", "streams": "streams", "time-slice": "time-slicing"}
     setting = result.get("setting")
@@ -336,18 +362,42 @@ def _tail(path: Path, n: int = 600) -> str:
 
 
 def _kill(popens: list[subprocess.Popen]) -> None:
+    """End every process of a run and whatever each started (process group and orphans)."""
     for p in popens:
         if p.poll() is None:
             with contextlib.suppress(OSError):
-                os.killpg(p.pid, 15)
-    deadline = time.monotonic() + KILL_GRACE_S
+                os.killpg(p.pid, signal.SIGTERM)
     for p in popens:
-        try:
-            p.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(OSError):
-                os.killpg(p.pid, 9)
-            p.wait()
+        reap(p, grace_s=KILL_GRACE_S)
+
+
+def _err_path(logf: Path) -> Path:
+    return logf.with_suffix(".err")
+
+
+def command_outcome(job: JobSpec, returncode: int, wall_s: float, logf: Path) -> dict[str, Any]:
+    """A ``cmd:`` job's result: one run of the command; a non-zero exit is a failed job with
+    its exit code and the tail of what it printed on stderr (stdout when stderr is empty)."""
+    err = None
+    tail = None
+    if returncode != 0:
+        tail = _tail(_err_path(logf), 400) or _tail(logf, 400) or None
+        how = (
+            f"was stopped by signal {-returncode}" if returncode < 0
+            else f"exited with code {returncode}"
+        )  # fmt: skip
+        err = f"cmd job {job.name} ({shlex.join(job.command)}) {how}"
+        if tail:
+            err += f": {tail.splitlines()[-1][-200:]}"
+    return {
+        "name": job.name, "key": job.key, "kind": "cmd", "steps": 1,
+        "samples": 1, "window_s": wall_s,
+        "throughput_samples_per_s": (1.0 / wall_s) if returncode == 0 and wall_s > 0 else None,
+        "step_time_p50_s": wall_s, "step_time_p99_s": wall_s,
+        "step_times_s": [wall_s], "peak_mem_bytes": None, "error": err,
+        "error_kind": "failed" if err else None,
+        "exit_code": returncode, "stderr_tail": tail,
+    }  # fmt: skip
 
 
 def run_group(
@@ -382,10 +432,10 @@ def run_group(
             spec_path = d / f"spec{i}.json"
             spec_path.write_text(json.dumps(spec.__dict__))
             with open(logf, "wb") as log_fh:
-                popen = subprocess.Popen(
+                popen = spawn(
                     [sys.executable, "-m", "gpulens.workloads.colocate_job", str(spec_path)],
                     env=p.env, stdout=log_fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    start_new_session=True,
+                    death_signal=signal.SIGKILL, own_group=True,
                 )  # fmt: skip
             started.append(popen)
             builtin.append((p, popen, Path(spec.ready_file), Path(spec.result_file), logf))
@@ -412,33 +462,24 @@ def run_group(
                 time.sleep(GO_DELAY_S)
                 cmd_popens = []
                 for p, logf in commands:
-                    with open(logf, "wb") as log_fh:
-                        cp = subprocess.Popen(
+                    with open(logf, "wb") as log_fh, open(_err_path(logf), "wb") as err_fh:
+                        cp = spawn(
                             list(p.jobs[0].command), env=p.env, stdout=log_fh,
-                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True,
+                            stderr=err_fh, stdin=subprocess.DEVNULL,
+                            death_signal=signal.SIGTERM, own_group=True,
                         )  # fmt: skip
                     started.append(cp)
-                    cmd_popens.append((p, cp, time.perf_counter()))
+                    cmd_popens.append((p, cp, time.perf_counter(), logf))
                 limit = time.monotonic() + duration_s + max(60.0, duration_s)
                 for _, po, _, _, _ in builtin:
                     po.wait(timeout=max(1.0, limit - time.monotonic()))
                 cmd_limit = None if command_timeout_s is None else \
                     time.monotonic() + command_timeout_s  # fmt: skip
-                for p, cp, t0 in cmd_popens:
+                for p, cp, t0, logf in cmd_popens:
                     timeout = None if cmd_limit is None else max(1.0, cmd_limit - time.monotonic())
                     rc = cp.wait(timeout=timeout)
                     wall = time.perf_counter() - t0
-                    job = p.jobs[0]
-                    err = None if rc == 0 else f"the command exited with code {rc}"
-                    outcome.jobs[job.name] = {
-                        "name": job.name, "key": job.key, "kind": "cmd", "steps": 1,
-                        "samples": 1, "window_s": wall,
-                        "throughput_samples_per_s": (1.0 / wall) if rc == 0 else None,
-                        "step_time_p50_s": wall, "step_time_p99_s": wall,
-                        "step_times_s": [wall], "peak_mem_bytes": None, "error": err,
-                        "error_kind": "failed" if err else None,
-                    }  # fmt: skip
+                    outcome.jobs[p.jobs[0].name] = command_outcome(p.jobs[0], rc, wall, logf)
         # 3. results
         for _, po, _, res, logf in builtin:
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -497,15 +538,22 @@ def probe_device(device: str | None) -> DeviceInfo:
     """Ask a child process what ``device`` is (the parent never creates a CUDA context)."""
     if device and device.strip().lower() == "cpu":
         return DeviceInfo("cpu")
-    out = subprocess.run(
+    proc = spawn(
         [sys.executable, "-m", "gpulens.workloads.colocate_job", "--probe", device or "auto"],
-        capture_output=True, text=True, timeout=300,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+        death_signal=signal.SIGKILL, own_group=True,
     )  # fmt: skip
     try:
-        info = json.loads(out.stdout.strip().splitlines()[-1])
+        stdout, stderr = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        stdout, stderr = "", "no answer within 300 s"
+    finally:
+        reap(proc, grace_s=1.0)
+    try:
+        info = json.loads(stdout.strip().splitlines()[-1])
     except (IndexError, ValueError):
         raise RuntimeFailure(
-            f"could not start a job process ({(out.stderr or '').strip()[-300:]}); "
+            f"could not start a job process ({(stderr or '').strip()[-300:]}); "
             "check that torch imports: python -c 'import torch'"
         ) from None
     if info.get("error"):
@@ -585,6 +633,8 @@ class ColocateExperiment:
             "sm_activity_pct": out.window.get("sm_activity_pct"),
             "error": out.error,
             "error_kind": out.error_kind,
+            "exit_code": j.get("exit_code"),
+            "stderr_tail": j.get("stderr_tail"),
         }
         self.alone_cache[job.key] = res
         return res
@@ -620,6 +670,7 @@ class ColocateExperiment:
                 "peak_mem_bytes": t.get("peak_mem_bytes") if t.get("peak_mem_bytes") is not None
                 else a.get("peak_mem_bytes"),
                 "steps": t.get("steps"),
+                "error": t.get("error"),
                 **((job_extra or {}).get(job.name, {})),
             })  # fmt: skip
         if out is not None and out.error:
@@ -867,6 +918,7 @@ class ColocateExperiment:
             "max_slowdown": c.max_slowdown,
         }
         doc["recommendation"] = recommend(doc, c.max_slowdown)
+        doc["status"], doc["error"] = experiment_status(doc)
         return doc
 
     def _job_doc(self, job: JobSpec) -> dict[str, Any]:
@@ -881,6 +933,8 @@ class ColocateExperiment:
             "energy_per_sample_alone_j": a.get("energy_per_sample_j"),
             "sm_activity_alone_pct": a.get("sm_activity_pct"),
             "error": a.get("error"),
+            "exit_code": a.get("exit_code"),
+            "stderr_tail": a.get("stderr_tail"),
         }
 
 
@@ -901,17 +955,23 @@ def run_colocate(
     ``colocate`` (the summary holds the result document, which ``--plan`` reads back)."""
     writer = None
     if runs_root is not None:
-        from gpulens.probes.environment import capture_environment
-        from gpulens.probes.gpu import describe_gpus
         from gpulens.record.writer import RunWriter
 
+        # The record first (status running, the requested config); the environment, which
+        # imports torch and initialises NVML, after it.
         writer = RunWriter(
             runs_root, kind="colocate",
             name=config.name or "colocate-" + "+".join(j.name for j in config.jobs),
-            requested_config=config.as_dict(), environment=capture_environment(describe_gpus()),
+            requested_config=config.as_dict(),
         )  # fmt: skip
-    work = Path(tempfile.mkdtemp(prefix="gpulens-colocate-"))
+    work = None
     try:
+        if writer:
+            from gpulens.probes.environment import capture_environment
+            from gpulens.probes.gpu import describe_gpus
+
+            writer.update(environment=capture_environment(describe_gpus()))
+        work = make_work_dir("gpulens-colocate-")
         doc = ColocateExperiment(config, work, progress, alone_cache, device_info).run()
     except KeyboardInterrupt:
         if writer:
@@ -922,12 +982,13 @@ def run_colocate(
             writer.finish("failed", error=str(exc) or type(exc).__name__)
         raise
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if work is not None:
+            remove_work_dir(work)
     if writer:
         doc["run_id"] = writer.run_id
         doc["record_dir"] = str(writer.dir)
         writer.update(effective_config=config.as_dict(), summary={"colocate": _strip(doc)})
-        writer.finish("finished")
+        writer.finish(doc["status"], error=doc.get("error"))
     return doc
 
 

@@ -6,17 +6,18 @@ import logging
 import os
 import shlex
 import signal
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gpulens.errors import RuntimeFailure, UsageError
+from gpulens.launch.processes import reap, spawn
 from gpulens.probes.environment import capture_environment
 from gpulens.probes.gpu import describe_gpus
 from gpulens.probes.monitor import Monitor, ProbeSpec
 from gpulens.probes.summary import summarize_gpu, summarize_host
+from gpulens.record import schema
 from gpulens.record.writer import RunWriter
 from gpulens.workloads.tracking import RUN_DIR_ENV, read_tracker_summary
 
@@ -44,13 +45,16 @@ def run_command(
 ) -> CommandResult:
     """Run ``argv`` to completion under the GPU and host monitor, in a run record of ``kind``.
     The child finds the run directory in ``$GPULENS_RUN_DIR`` (the tracking API uses it), plus
-    ``extra_env``; ``config`` is added to the record's requested config. Ctrl-C and SIGTERM are
-    passed on to the child; the record ends ``killed``. ``stdout_to_stderr`` keeps the
-    command's output off stdout (for ``--json``)."""
+    ``extra_env``; ``config`` is added to the record's requested config (secrets on the command
+    line and in ``extra_env`` are redacted there). Ctrl-C and SIGTERM are passed on to the
+    child; the record ends ``killed``. The child dies with this process (even by SIGKILL) and
+    whatever it started is ended when it exits. ``stdout_to_stderr`` keeps the command's output
+    off stdout (for ``--json``)."""
     if not argv:
         raise UsageError("no command given: gpulens run -- python train.py ...")
-    gpus = describe_gpus()
     extra_env = dict(extra_env or {})
+    # The record exists before the slow start-up (NVML, importing torch for the environment,
+    # the sampler), so a run killed in its first seconds still leaves one.
     writer = RunWriter(
         runs_root,
         kind=kind,
@@ -59,12 +63,37 @@ def run_command(
             "command": shlex.join(argv), "sample_hz": sample_hz, **(config or {}),
             **({"env": extra_env} if extra_env else {}),
         },
-        environment=capture_environment(gpus),
     )  # fmt: skip
+    try:
+        return _run(argv, writer, sample_hz, stdout_to_stderr, extra_env)
+    except KeyboardInterrupt:
+        if writer.meta["status"] == schema.STATUS_RUNNING:
+            writer.finish(schema.STATUS_KILLED, error="interrupted (Ctrl-C)")
+        raise
+    except BaseException as exc:
+        if writer.meta["status"] == schema.STATUS_RUNNING:
+            writer.finish(schema.STATUS_FAILED, error=str(exc) or type(exc).__name__)
+        raise
+
+
+def _run(
+    argv: list[str],
+    writer: RunWriter,
+    sample_hz: float,
+    stdout_to_stderr: bool,
+    extra_env: dict[str, str],
+) -> CommandResult:
+    gpus = describe_gpus()
+    writer.update(environment=capture_environment(gpus))
     env = dict(os.environ, **extra_env, **{RUN_DIR_ENV: str(writer.dir)})
     try:
-        child = subprocess.Popen(argv, env=env, stdout=2 if stdout_to_stderr else None)
-    except (FileNotFoundError, PermissionError, OSError) as exc:
+        # SIGTERM when gpulens dies: the command may stop its own children (torchrun does).
+        # Same process group as gpulens: a terminal's Ctrl-C and reads from it work as before.
+        child = spawn(
+            argv, env=env, death_signal=signal.SIGTERM, own_group=False,
+            stdout=2 if stdout_to_stderr else None,
+        )  # fmt: skip
+    except OSError as exc:
         reason = "command not found" if isinstance(exc, FileNotFoundError) else str(exc)
         message = f"could not start '{argv[0]}': {reason}; check the command name and your PATH"
         writer.finish("failed", error=message)
@@ -89,6 +118,7 @@ def run_command(
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
+        reap(child)  # what the command left running (its orphans) ends with it
     wall_s = time.perf_counter() - t0
     t1_unix = time.time()
 
@@ -96,6 +126,7 @@ def run_command(
     tracker = read_tracker_summary(writer.dir)
     if tracker:
         summary.update(tracker)
+    summary.setdefault("tracking_us_per_step", None)
     gpu_df = writer.read_series("gpu")
     # No energy per sample here: the command's samples and its wall window do not line up.
     per_gpu = [summarize_gpu(gpu_df, t0_unix, t1_unix, g["index"], None) for g in gpus]
@@ -106,6 +137,8 @@ def run_command(
     writer.update(summary=summary)
     if interrupted:
         status, error = "killed", f"stopped by signal {signal.Signals(interrupted[0]).name}"
+    elif returncode < 0 and -returncode in (signal.SIGINT, signal.SIGTERM):
+        status, error = "killed", f"stopped by signal {signal.Signals(-returncode).name}"
     elif returncode != 0:
         status, error = "failed", f"command exited with code {returncode}"
     else:

@@ -2,23 +2,34 @@
 
 Protocol on stdin/stdout, one JSON object per line: it prints ``{"ready": true, "unsupported":
 {...}}`` once its probes are open, samples until it reads ``stop`` (or stdin closes because the
-parent died), compacts its series and prints ``{"done": {"samples": n, "cpu_s": s}}``.
+parent died, or SIGTERM arrives: the parent-death signal), compacts its series and prints
+``{"done": {"samples": n, "cpu_s": s}}``.
+
+It ignores SIGINT: a Ctrl-C in the terminal is the parent's to handle, and the parent stops the
+sampler; so Ctrl-C never prints a traceback from here. The imports wait until SIGINT is ignored.
 """
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import json
+import signal
 import sys
-import threading
-
-from gpulens.probes.monitor import ProbeSpec, build_probe, probe_unsupported, sample_loop
-from gpulens.record import schema
-from gpulens.record.writer import SeriesWriter
 
 
 def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    import argparse
+    import contextlib
+    import json
+    import threading
+
+    from gpulens.probes.monitor import ProbeSpec, build_probe, probe_unsupported, sample_loop
+    from gpulens.record import schema
+    from gpulens.record.writer import SeriesWriter
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: stop.set())
+
     ap = argparse.ArgumentParser(prog="gpulens-sampler")
     ap.add_argument("--run-dir", required=True)
     ap.add_argument("--hz", type=float, required=True)
@@ -27,12 +38,12 @@ def main(argv: list[str] | None = None) -> int:
     probes = [build_probe(ProbeSpec(**s)) for s in json.loads(args.specs)]
     series_dir = f"{args.run_dir}/{schema.SERIES_DIR}"
     series = {p.name: SeriesWriter(f"{series_dir}/{p.name}", p.schema) for p in probes}
-    print(json.dumps({"ready": True, "unsupported": probe_unsupported(probes)}), flush=True)
-
-    stop = threading.Event()
+    with contextlib.suppress(BrokenPipeError):
+        print(json.dumps({"ready": True, "unsupported": probe_unsupported(probes)}), flush=True)
 
     def watch_stdin():
-        sys.stdin.readline()  # "stop", or "" when the parent died and the pipe closed
+        with contextlib.suppress(Exception):
+            sys.stdin.readline()  # "stop", or "" when the parent died and the pipe closed
         stop.set()
 
     threading.Thread(target=watch_stdin, daemon=True).start()
@@ -42,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     for p in probes:
         with contextlib.suppress(Exception):  # closing must not lose the report below
             p.close()
-    with contextlib.suppress(BrokenPipeError):  # the parent may be gone
+    with contextlib.suppress(BrokenPipeError, OSError, ValueError):  # the parent may be gone
         print(json.dumps({"done": {"samples": samples, "cpu_s": cpu_s}}), flush=True)
     return 0
 

@@ -46,6 +46,10 @@ class StepTimer:
     Call order per step: ``begin_step()`` before fetching the batch, ``batch_ready()`` once it is
     in hand, ``copy_done()`` after the host-to-device copy was queued, ``end_step()`` after the
     optimizer step was queued. On CPU the phases are host times.
+
+    ``tracking_s`` adds up the host time spent inside these calls (gpulens's own work on the
+    training thread: clocks, CUDA events, writing rows); :meth:`tracking_us_per_step` is its
+    mean per step.
     """
 
     series: SeriesWriter | None
@@ -63,6 +67,7 @@ class StepTimer:
     _free_events: list = field(default_factory=list)
     # Completed events are read back in batches: fewer driver calls on the training thread.
     resolve_every: int = 4
+    tracking_s: float = 0.0
 
     def begin_step(self) -> None:
         self._t_begin = time.perf_counter()
@@ -70,12 +75,14 @@ class StepTimer:
             # Host step time: from one step's start to the next, which includes everything.
             self.rows[-1]["step_time_s"] = self._t_begin - self._prev_begin
         self._prev_begin = self._t_begin
+        self.tracking_s += time.perf_counter() - self._t_begin
 
     def batch_ready(self) -> None:
         self._t_ready = time.perf_counter()
         if self.cuda:
             self._events = [self._event(), self._event(), self._event()]
             self._events[0].record()
+        self.tracking_s += time.perf_counter() - self._t_ready
 
     def _event(self):
         """A timing event, reused once read back: creating one is a driver call."""
@@ -89,6 +96,7 @@ class StepTimer:
         self._t_copied = time.perf_counter()
         if self.cuda:
             self._events[1].record()
+        self.tracking_s += time.perf_counter() - self._t_copied
 
     def end_step(self, samples: int) -> None:
         t_end = time.perf_counter()
@@ -116,6 +124,14 @@ class StepTimer:
         elif len(self._pending) >= self.resolve_every:
             self._resolve(block=False)
             self._emit_complete()
+        self.tracking_s += time.perf_counter() - t_end
+
+    def tracking_us_per_step(self) -> float | None:
+        """Mean host time (microseconds) this timer spent per step on the training thread;
+        None before the first step."""
+        if not self._step:
+            return None
+        return round(1e6 * self.tracking_s / self._step, 2)
 
     def _resolve(self, block: bool) -> None:
         while self._pending:

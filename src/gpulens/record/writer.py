@@ -18,6 +18,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from gpulens.record import schema
+from gpulens.record.redact import redact
+
+# What a run record captures from the user's command line and environment: secrets are
+# replaced (see gpulens.record.redact) before any of it reaches the disk.
+REDACTED_FIELDS = ("requested_config", "effective_config", "environment")
 
 log = logging.getLogger(__name__)
 
@@ -143,9 +148,9 @@ class RunWriter:
             "created_at": now_iso(),
             "ended_at": None,
             "heartbeat_at": now_iso(),
-            "requested_config": requested_config or {},
+            "requested_config": redact(requested_config or {}),
             "effective_config": {},
-            "environment": environment or {},
+            "environment": redact(environment or {}),
             "summary": {},
             "unsupported": {},
             "error": None,
@@ -161,6 +166,8 @@ class RunWriter:
     def update(self, **fields: Any) -> None:
         with self._lock:
             for key, value in fields.items():
+                if key in REDACTED_FIELDS:
+                    value = redact(value)
                 if isinstance(value, dict) and isinstance(self.meta.get(key), dict):
                     self.meta[key].update(value)
                 else:
