@@ -57,3 +57,40 @@ def throughput_ci(step_times_s, samples_per_step, n_batches: int = 10) -> Throug
         return Throughput(mean_rate, math.inf, int(rates.size))
     half = t95(rates.size - 1) * rates.std(ddof=1) / math.sqrt(rates.size)
     return Throughput(float(mean_rate), float(half), int(rates.size))
+
+
+def log_interval(value: float | None, rel_half_width: float | None) -> list[float] | None:
+    """The 95% interval ``[value / e^r, value * e^r]`` of a positive quantity whose 95%
+    half-width is ``r = rel_half_width`` times the value, built on the log scale.
+
+    By the delta method the standard error of ``log x`` is that of ``x`` over ``x``, so the
+    symmetric interval ``log x ± r`` maps back to this one: always positive and finite, equal
+    to ``x (1 ± r)`` to first order when ``r`` is small, and asymmetric as a rate's sampling
+    distribution is (a few slow blocks can halve a rate, not make it negative). None when the
+    value is not positive or the half-width is unknown.
+    """
+    if value is None or rel_half_width is None or not value > 0:
+        return None
+    if not math.isfinite(value) or not math.isfinite(rel_half_width) or rel_half_width < 0:
+        return None
+    factor = math.exp(rel_half_width)
+    return [value / factor, value * factor]
+
+
+def rate_ci95(samples_per_s: float | None, ci95_pct: float | None) -> list[float] | None:
+    """``[low, high]`` samples/s for a throughput given with a symmetric 95% half-width of
+    ``ci95_pct`` percent (:func:`log_interval`); the JSON's ``*_ci95_samples_per_s``."""
+    return log_interval(samples_per_s, None if ci95_pct is None else ci95_pct / 100.0)
+
+
+def bounded_interval(
+    value: float | None, half_width: float | None, low: float = 0.0, high: float = 100.0
+) -> list[float] | None:
+    """``value ± half_width`` intersected with ``[low, high]`` (a share's interval: its true
+    value lies in [0, 100], so the intersection covers it whenever the symmetric interval
+    does, and never shows an impossible share). None when either is unknown."""
+    if value is None or half_width is None or not math.isfinite(value):
+        return None
+    if not math.isfinite(half_width):
+        return [low, high]
+    return [max(low, min(high, value - half_width)), min(high, max(low, value + half_width))]

@@ -29,6 +29,7 @@ import torch
 from torch.utils.data import Dataset
 
 from gpulens.errors import UsageError
+from gpulens.workloads.bad_samples import BadSampleError, load_rgb
 from gpulens.workloads.models import WorkloadSpec
 from gpulens.workloads.storage import StorageEmulation, pad_read
 
@@ -174,28 +175,45 @@ def image_folder_dataset(
     *,
     storage: StorageEmulation | None = None,
     timing_dir: str | os.PathLike | None = None,
+    skip_bad_samples: bool = False,
+    skip_log: str | os.PathLike | None = None,
 ) -> Dataset:
     """A torchvision ImageFolder over ``path`` (``path/<class>/*.jpg``) yielding ``(3, H, W)``.
 
     A root holding only ``train/``/``val/`` splits is accepted: the split matching ``train`` is
-    used. With an active ``storage`` emulation or a ``timing_dir`` the folder is wrapped in an
-    :class:`~gpulens.workloads.prep_timing.InstrumentedImageFolder` (same items and attributes).
+    used. With an active ``storage`` emulation, a ``timing_dir`` or ``skip_bad_samples`` the
+    folder is wrapped in an :class:`~gpulens.workloads.prep_timing.InstrumentedImageFolder`
+    (same items and attributes). A file that cannot be decoded raises a
+    :class:`~gpulens.workloads.bad_samples.BadSampleError` naming it, or with
+    ``skip_bad_samples`` is replaced by the next readable image (each skip logged to
+    ``skip_log``).
     """
     from torchvision.datasets import ImageFolder
 
     root = _resolve_image_root(path, train)
     try:
-        ds = ImageFolder(str(root), transform=image_transform(image_size, train), allow_empty=True)
+        ds = ImageFolder(
+            str(root),
+            transform=image_transform(image_size, train),
+            loader=load_rgb,
+            allow_empty=True,
+        )
     except (FileNotFoundError, OSError) as exc:
         hint = _make_images_hint(root)
         raise UsageError(f"cannot read images under {root} ({exc}): {hint}") from None
     if len(ds) == 0:
         raise UsageError(f"{root} holds no images: {_make_images_hint(root)}")
     logger.debug("image folder %s: %d images, %d classes", root, len(ds), len(ds.classes))
-    if (storage is not None and storage.active) or timing_dir is not None:
+    if (storage is not None and storage.active) or timing_dir is not None or skip_bad_samples:
         from gpulens.workloads.prep_timing import InstrumentedImageFolder
 
-        return InstrumentedImageFolder(ds, storage=storage, timing_dir=timing_dir)
+        return InstrumentedImageFolder(
+            ds,
+            storage=storage,
+            timing_dir=timing_dir,
+            skip_bad_samples=skip_bad_samples,
+            skip_log=skip_log,
+        )
     return ds
 
 
@@ -231,12 +249,53 @@ def _resolve_token_file(path: str | os.PathLike) -> tuple[Path, dict]:
     return p, meta
 
 
+def _check_against_sidecar(path: Path, meta: dict, size_bytes: int, n_tokens: int) -> None:
+    """A :class:`UsageError` when the token file is not what its sidecar describes."""
+    sidecar = path.with_suffix(".json")
+    vocab = meta.get("vocab_size")
+    if vocab is not None and (not isinstance(vocab, int) or isinstance(vocab, bool) or vocab < 2):
+        raise UsageError(f"{sidecar} has vocab_size {vocab!r}, not an integer of 2 or more: fix it")
+    itemsize = np.dtype(meta["dtype"]).itemsize
+    if size_bytes % itemsize:
+        raise UsageError(
+            f"{path} is {size_bytes} bytes, not a whole number of {meta['dtype']} ids: the file "
+            f"is truncated or {sidecar.name} names the wrong dtype; copy it again or remake it "
+            "with `gpulens data make tokens`"
+        )
+    claimed = meta.get("n_tokens")
+    if claimed is None:
+        return
+    if not isinstance(claimed, int) or isinstance(claimed, bool) or claimed < 0:
+        raise UsageError(f"{sidecar} has n_tokens {claimed!r}, not a count: fix or delete it")
+    if n_tokens < claimed:
+        raise UsageError(
+            f"{path} holds {n_tokens} tokens ({size_bytes} bytes) but {sidecar.name} says "
+            f"{claimed}: the file is truncated (an interrupted copy or write?); copy it again or "
+            f"remake it with `gpulens data make tokens --out {path.parent} --n {claimed} --force`"
+        )
+    if n_tokens > claimed:
+        logger.warning(
+            "%s holds %d tokens, more than the %d its sidecar says: reading them all",
+            path,
+            n_tokens,
+            claimed,
+        )
+
+
 class TokenFileDataset(Dataset):
     """Non-overlapping ``seq_len`` windows of a memory-mapped token file.
 
     Item ``i`` is ``(tokens[i*L : i*L+L], tokens[i*L+1 : i*L+L+1])`` as int64. ``path`` is the
     ``.bin`` file or a directory containing ``tokens.bin``; the sidecar ``<name>.json`` gives
-    ``dtype`` (default uint16) and ``vocab_size``.
+    ``dtype`` (default uint16), ``vocab_size`` and ``n_tokens``.
+
+    Opening checks the file against its sidecar (a file shorter than ``n_tokens`` is
+    truncated). Every window is checked on the host, before any copy to a device, against the
+    vocabulary (the sidecar's ``vocab_size``, else ``vocab_size`` given, the model's): an id
+    outside it is a :class:`~gpulens.workloads.bad_samples.BadSampleError` naming the file, the
+    id and the fix, where the model would raise ``IndexError`` on the CPU and a device-side
+    assert on a GPU. The check is per window, not a scan at opening, so that a cold run's file
+    stays out of the page cache until the run reads it.
 
     With an active ``storage`` emulation a window's read lasts at least its emulated delay; with a
     ``timing_dir`` each read is timed (read only: there is no decode or augmentation).
@@ -247,6 +306,7 @@ class TokenFileDataset(Dataset):
         path: str | os.PathLike,
         seq_len: int,
         *,
+        vocab_size: int | None = None,
         storage: StorageEmulation | None = None,
         timing_dir: str | os.PathLike | None = None,
     ):
@@ -256,15 +316,44 @@ class TokenFileDataset(Dataset):
         self.seq_len = seq_len
         self.dtype = np.dtype(meta["dtype"])
         self.vocab_size: int | None = meta.get("vocab_size")
-        self.n_tokens = self.path.stat().st_size // self.dtype.itemsize
+        size_bytes = self.path.stat().st_size
+        self.n_tokens = size_bytes // self.dtype.itemsize
+        _check_against_sidecar(self.path, meta, size_bytes, self.n_tokens)
         if self.n_tokens < seq_len + 1:
             raise UsageError(
                 f"{self.path} holds {self.n_tokens} tokens, fewer than one sample of "
                 f"{seq_len + 1}: {_make_tokens_hint(self.path.parent)}"
             )
+        # Ids must lie in [0, limit): the sidecar's vocabulary, else the model's.
+        self.id_limit = self.vocab_size if self.vocab_size is not None else vocab_size
+        self.id_limit_source = (
+            f"vocab_size in {self.path.with_suffix('.json').name}"
+            if self.vocab_size is not None
+            else "the model's vocabulary"
+        )
         self._tokens: np.memmap | None = None
         self.storage = storage if storage is not None and storage.active else None
         self.timing_dir = Path(timing_dir) if timing_dir is not None else None
+
+    def _check_ids(self, window: np.ndarray, start: int) -> None:
+        """A :class:`BadSampleError` when ``window`` (tokens from ``start``) holds an id outside
+        ``[0, id_limit)``."""
+        if self.id_limit is None or not window.size:
+            return
+        high = int(window.max())
+        low = int(window.min()) if self.dtype.kind == "i" else 0
+        if high < self.id_limit and low >= 0:
+            return
+        bad = high if high >= self.id_limit else low
+        position = start + int(np.argmax(window == bad))
+        raise BadSampleError(
+            f"{self.path} holds token id {bad} at token {position}, outside {self.id_limit_source}"
+            f" ({self.id_limit} ids): make the tokens with `gpulens data make tokens --vocab-size "
+            f"{self.id_limit}` (or the tokenizer of the model), or pick a model whose vocabulary "
+            "covers them",
+            path=str(self.path),
+            reason=f"token id {bad} >= {self.id_limit}",
+        )
 
     def __len__(self) -> int:
         return (self.n_tokens - 1) // self.seq_len
@@ -284,10 +373,13 @@ class TokenFileDataset(Dataset):
             raise IndexError(index)
         start, stop = index * self.seq_len, index * self.seq_len + self.seq_len + 1
         if self.storage is None and self.timing_dir is None:
-            chunk = torch.from_numpy(self._mmap()[start:stop].astype(np.int64))
+            window = self._mmap()[start:stop].astype(np.int64)
+            self._check_ids(window, start)
+            chunk = torch.from_numpy(window)
             return chunk[:-1], chunk[1:]
         c0, t0 = time.thread_time(), time.perf_counter()
         window = self._mmap()[start:stop].astype(np.int64)
+        self._check_ids(window, start)
         nbytes = window.size * self.dtype.itemsize
         pad_read(self.storage, nbytes, t0)
         read_s = time.perf_counter() - t0
@@ -315,12 +407,16 @@ def build_dataset(
     seed: int = 0,
     storage: StorageEmulation | None = None,
     timing_dir: str | os.PathLike | None = None,
+    skip_bad_samples: bool = False,
+    skip_log: str | os.PathLike | None = None,
 ) -> Dataset:
     """The dataset for ``spec``: synthetic when ``data == "synthetic"``, else files at ``data``.
 
     Images are produced at ``image_size`` (default: the spec's input size, e.g. 64x64 for
     tiny_cnn); token windows are ``spec.seq_len`` long. ``storage`` and ``timing_dir`` apply to
     files on disk: emulating storage for synthetic data is refused, timing it is ignored.
+    ``skip_bad_samples`` replaces images that cannot be decoded (logged to ``skip_log``); a
+    token file's bad ids always stop the run (the file does not match the model).
     """
     if data == "synthetic" and storage is not None and storage.active:
         raise UsageError(
@@ -330,7 +426,13 @@ def build_dataset(
     if spec.is_language_model:
         if data == "synthetic":
             return SyntheticTokens(n_synthetic, spec.seq_len, spec.vocab_size, seed=seed)
-        ds = TokenFileDataset(data, spec.seq_len, storage=storage, timing_dir=timing_dir)
+        ds = TokenFileDataset(
+            data,
+            spec.seq_len,
+            vocab_size=spec.vocab_size,
+            storage=storage,
+            timing_dir=timing_dir,
+        )
         if ds.vocab_size is not None and ds.vocab_size > spec.vocab_size:
             raise UsageError(
                 f"{ds.path} has vocab_size {ds.vocab_size} but {spec.name} has {spec.vocab_size}: "
@@ -344,7 +446,15 @@ def build_dataset(
     if data == "synthetic":
         shape = (spec.input_shape[0], *size)
         return SyntheticImages(n_synthetic, shape, spec.num_classes, seed=seed)
-    ds = image_folder_dataset(data, size, train=train, storage=storage, timing_dir=timing_dir)
+    ds = image_folder_dataset(
+        data,
+        size,
+        train=train,
+        storage=storage,
+        timing_dir=timing_dir,
+        skip_bad_samples=skip_bad_samples,
+        skip_log=skip_log,
+    )
     if len(ds.classes) > spec.num_classes:
         raise UsageError(
             f"{data} has {len(ds.classes)} classes but {spec.name} predicts {spec.num_classes}: "

@@ -18,7 +18,6 @@ Timing costs a few clock reads and one dict append per sample (about 3-5 us).
 
 from __future__ import annotations
 
-import io
 import logging
 import math
 import multiprocessing.util
@@ -36,6 +35,14 @@ from torch.utils.data import Dataset, default_collate, get_worker_info
 
 from gpulens.record import schema
 from gpulens.record.writer import SeriesWriter
+from gpulens.workloads.bad_samples import (
+    BadSampleError,
+    decode_rgb,
+    note_skipped,
+    replacement_candidates,
+    too_many_bad,
+    unreadable,
+)
 from gpulens.workloads.storage import StorageEmulation, read_file
 
 logger = logging.getLogger(__name__)
@@ -229,6 +236,12 @@ class InstrumentedImageFolder(Dataset):
     Wraps a torchvision ``ImageFolder`` (whose attributes, e.g. ``classes``, it forwards): read =
     the file's bytes, emulated delay included; decode = PIL open + ``convert("RGB")``; augment =
     the folder's ``transform``. Same items as the folder itself.
+
+    A file that cannot be read or decoded raises a
+    :class:`~gpulens.workloads.bad_samples.BadSampleError` naming it; with
+    ``skip_bad_samples`` the next readable sample (of the same half in a paired cold run) takes
+    its place, the bad index is not read again in this process, and the skip is logged to
+    ``skip_log``. Only the sample returned is timed.
     """
 
     def __init__(
@@ -236,11 +249,17 @@ class InstrumentedImageFolder(Dataset):
         folder: Dataset,
         storage: StorageEmulation | None = None,
         timing_dir: str | os.PathLike | None = None,
+        *,
+        skip_bad_samples: bool = False,
+        skip_log: str | os.PathLike | None = None,
     ):
         self.folder = folder
         self.storage = storage if storage is not None and storage.active else None
         self.timing_dir = Path(timing_dir) if timing_dir is not None else None
         self.emulated: np.ndarray | None = None  # which indices the emulation slows (all: None)
+        self.skip_bad_samples = skip_bad_samples
+        self.skip_log = Path(skip_log) if skip_log is not None else None
+        self._bad: set[int] = set()  # indices found bad, in this process
 
     def emulate_only(self, mask: np.ndarray) -> None:
         """Slow down only the samples where ``mask`` is true (a paired cold run's cold half)."""
@@ -255,16 +274,29 @@ class InstrumentedImageFolder(Dataset):
         return getattr(self.folder, name)
 
     def __getitem__(self, index: int) -> tuple[Any, Any]:
-        from PIL import Image
+        if not self.skip_bad_samples:
+            return self._item(index)
+        for candidate in replacement_candidates(index, len(self), self.emulated):
+            if candidate in self._bad:
+                continue
+            try:
+                return self._item(candidate)
+            except BadSampleError as exc:
+                self._bad.add(candidate)
+                note_skipped(self.skip_log, exc)
+        raise too_many_bad(self.folder.samples[index][0])
 
+    def _item(self, index: int) -> tuple[Any, Any]:
         path, target = self.folder.samples[index]
         c0 = time.thread_time() if self.timing_dir is not None else 0.0
         t0 = time.perf_counter()
         slow = self.storage is not None and (self.emulated is None or self.emulated[index])
-        data = read_file(path, self.storage if slow else None)
+        try:
+            data = read_file(path, self.storage if slow else None)
+        except OSError as exc:
+            raise unreadable(path, exc) from None
         t1 = time.perf_counter()
-        with Image.open(io.BytesIO(data)) as img:
-            sample = img.convert("RGB")
+        sample = decode_rgb(data, path)
         t2 = time.perf_counter()
         if self.folder.transform is not None:
             sample = self.folder.transform(sample)

@@ -27,8 +27,9 @@ from gpulens.probes.monitor import Monitor, ProbeSpec
 from gpulens.probes.steps import STEPS_SCHEMA, StepTimer
 from gpulens.probes.summary import summarize_gpu, summarize_host
 from gpulens.record.writer import RunWriter
-from gpulens.stats import throughput_ci
+from gpulens.stats import rate_ci95, throughput_ci
 from gpulens.workloads.affinity import WORKER_AFFINITIES, worker_init
+from gpulens.workloads.bad_samples import SKIPPED_SAMPLES_FILE, read_skipped
 from gpulens.workloads.devices import nvml_index_for, resolve_device
 from gpulens.workloads.models import WorkloadSpec, get_workload
 
@@ -81,6 +82,9 @@ class TrainConfig:
     # the caller evicted (or which storage emulation slows down); the run ends when that half
     # is used up. Needs an image folder and prep timing.
     paired_cold_block: int | None = None
+    # Images that cannot be decoded: stop with an error naming the file (False), or put the
+    # next readable image in their place and count them in the summary (True).
+    skip_bad_samples: bool = False
 
     def __post_init__(self) -> None:
         if self.batch_size is not None and self.batch_size <= 0:
@@ -274,6 +278,7 @@ def resolve_config(config: TrainConfig, spec: WorkloadSpec, device: torch.device
         "ddp_bucket_mb": config.ddp_bucket_mb,
         "worker_affinity": config.worker_affinity,
         "paired_cold_block": config.paired_cold_block,
+        "skip_bad_samples": config.skip_bad_samples,
         "seed": config.seed,
         "optimizer": None,  # filled once built
     }
@@ -356,9 +361,12 @@ def build_loader(
     timing_dir: Path | None = None,
     rank: int = 0,
     world_size: int = 1,
+    skip_log: Path | None = None,
 ) -> torch.utils.data.DataLoader:
     """The data loader a run over on-disk data uses: the workload's dataset (with any storage
-    emulation), ``eff["workers"]`` worker processes, pinned memory on a GPU, endless shuffle."""
+    emulation), ``eff["workers"]`` worker processes, pinned memory on a GPU, endless shuffle.
+    With ``eff["skip_bad_samples"]`` images that cannot be decoded are replaced, each skip
+    logged to ``skip_log`` (the run record's ``skipped_samples.tsv``)."""
     from gpulens.workloads.datasets import build_dataset, collate_with_timing
     from gpulens.workloads.storage import StorageEmulation
 
@@ -367,6 +375,7 @@ def build_loader(
     dataset = build_dataset(
         spec, eff["data"], n_synthetic=0,
         storage=storage if storage.active else None, timing_dir=timing_dir,
+        skip_bad_samples=bool(eff.get("skip_bad_samples")), skip_log=skip_log,
     )  # fmt: skip
     if len(dataset) < batch * world_size:
         raise UsageError(
@@ -416,9 +425,11 @@ def prepare(
     timing_dir: Path | None,
     rank: int = 0,
     world_size: int = 1,
+    skip_log: Path | None = None,
 ) -> Prepared:
     """Build the model, optimizer and batch source; wraps the model in DDP when a process
-    group is up. Fills the effective config's ``optimizer`` and ``dataset``."""
+    group is up. Fills the effective config's ``optimizer`` and ``dataset``. ``skip_log``: where
+    the loader logs the bad samples it skips (see :func:`build_loader`)."""
     cuda = device.type == "cuda"
     batch = eff["batch_size"]
     model = spec.build().to(device)
@@ -444,7 +455,8 @@ def prepare(
     else:
         from gpulens.workloads.datasets import describe_dataset
 
-        batches = iter(build_loader(spec, eff, device, timing_dir, rank, world_size))
+        loader = build_loader(spec, eff, device, timing_dir, rank, world_size, skip_log)
+        batches = iter(loader)
         eff["dataset"] = describe_dataset(eff["data"])
 
     def step_fn(x, y):
@@ -591,7 +603,7 @@ def _train(
     progress: ProgressFn | None,
 ) -> dict[str, Any]:
     timing_dir = writer.dir / "series" if eff["prep_timing"] else None
-    prepared = prepare(spec, eff, device, timing_dir)
+    prepared = prepare(spec, eff, device, timing_dir, skip_log=writer.dir / SKIPPED_SAMPLES_FILE)
     writer.update(effective_config=eff)
     cuda = device.type == "cuda"
     timer = StepTimer(writer.series("steps", STEPS_SCHEMA), cuda=cuda, warmup_steps=0)
@@ -683,6 +695,8 @@ def summarize_run(
             mfu = flops_per_step / phases["step"] / peak
         gpu_summary["peak_flops"] = peak
     host_summary = summarize_host(writer.read_series("host"), loop.t_measure0, loop.t_measure1)
+    ci_pct = ci.ci95_pct if ci and math.isfinite(ci.ci95_pct) else None
+    skipped = _skipped(eff, writer.dir / SKIPPED_SAMPLES_FILE)
     summary = {
         "workload": spec.name,
         "device": str(device) if world_size == 1 else f"{world_size}x {device.type}",
@@ -699,14 +713,29 @@ def summarize_run(
         "measured_start_unix_s": loop.t_measure0,
         "measured_end_unix_s": loop.t_measure1,
         "throughput_samples_per_s": tput,
-        "throughput_ci95_pct": ci.ci95_pct if ci and math.isfinite(ci.ci95_pct) else None,
+        "throughput_ci95_pct": ci_pct,
+        "throughput_ci95_samples_per_s": rate_ci95(tput, ci_pct),
         "phases_s": phases,
         "flops_per_sample": flops_per_step / batch if flops_per_step else None,
         "mfu": mfu,
         "gpu": gpu_summary,
         "per_gpu": per_gpu if world_size > 1 else None,
         "host": host_summary,
+        **skipped,
         **overhead,
     }
     writer.update(summary=summary, effective_config=eff)
     return summary
+
+
+def _skipped(eff: dict[str, Any], skip_log: Path) -> dict[str, Any]:
+    """The summary's count of bad samples skipped (warm-up included): None where nothing could
+    be skipped (synthetic data, or skipping off: a bad sample then stops the run)."""
+    if eff["data"] == "synthetic" or not eff.get("skip_bad_samples"):
+        return {"skipped_samples": None, "skipped_files_total": None, "skipped_files": None}
+    got = read_skipped(skip_log)
+    if got["skipped_samples"]:
+        first = ", ".join(got["skipped_files"])
+        n, files = got["skipped_samples"], got["skipped_files_total"]
+        log.warning("skipped %d bad samples (%d files, first: %s): %s", n, files, first, skip_log)
+    return got
