@@ -160,11 +160,12 @@ def _train(config, store: bool, kind: str = "train", label: str = "run"):
 
 @app.command(
     help="Run a built-in WORKLOAD under the monitor, or monitor any command given after `--`.\n\n"
-    "Examples:\n\n"
-    "  gpulens run resnet50 --precision bf16 --data ./images --workers 15\n\n"
-    "  gpulens run gpt2_tiny --steps 50 --device cpu --json\n\n"
-    "  gpulens run resnet50 --precision bf16 --gpus 2 --nccl-transport socket\n\n"
-    "  gpulens run -- python train.py --epochs 1"
+    "\b\nExamples:\n"
+    "  gpulens run resnet50 --precision bf16 --data ./images --workers 15\n"
+    "  gpulens run gpt2_tiny --steps 50 --device cpu --json\n"
+    "  gpulens run resnet50 --precision bf16 --gpus 2 --nccl-transport socket\n"
+    "  gpulens run -- python train.py --epochs 1",
+    short_help="Measure a built-in workload, or any command given after --.",
 )
 def run(
     target: list[str] = typer.Argument(
@@ -322,8 +323,10 @@ class _CommandFailed(GpulensError):
     "alternates batch by batch between an evicted half of the files and a cached half, which "
     "cancels the CPU's drift between runs. Every run is stored.\n\n"
     "Give a built-in WORKLOAD, or after `--` a command whose script uses gpulens.track().\n\n"
-    "  gpulens stalls resnet50 --data ./images --workers 15 --precision bf16\n\n"
-    "  gpulens stalls --data ./images -- python train.py --epochs 2"
+    "\b\nExamples:\n"
+    "  gpulens stalls resnet50 --data ./images --workers 15 --precision bf16\n"
+    "  gpulens stalls --data ./images -- python train.py --epochs 2",
+    short_help="Where a training job's time goes: compute, prep, fetch, interconnect.",
 )
 def stalls(
     target: list[str] = typer.Argument(
@@ -449,9 +452,11 @@ def _csv(text: str, what: str, cast=str) -> tuple:
     "A JOB is WORKLOAD[:batch=N,precision=bf16,name=X] (training), "
     "infer:WORKLOAD[:batch=1,rate=R] (inference; rate = requests/s, else closed loop) or "
     "'cmd:COMMAND ARGS' (throughput = runs per second).\n\n"
-    "  gpulens colocate resnet18:batch=64 resnet50:batch=64 --mps-thread-pct 25,50,100\n\n"
-    "  gpulens colocate resnet18:batch=64 infer:resnet50:rate=100 --mechanisms streams,mps\n\n"
-    "  gpulens colocate --plan resnet18:batch=64 resnet18:batch=64 resnet50:batch=64"
+    "\b\nExamples:\n"
+    "  gpulens colocate resnet18:batch=64 resnet50:batch=64 --mps-thread-pct 25,50,100\n"
+    "  gpulens colocate resnet18:batch=64 infer:resnet50:rate=100 --mechanisms streams,mps\n"
+    "  gpulens colocate --plan resnet18:batch=64 resnet18:batch=64 resnet50:batch=64",
+    short_help="Run jobs alone and together on one GPU; recommend how to share it.",
 )
 def colocate(
     jobs: list[str] = typer.Argument(None, help="Two or more jobs (see above)."),
@@ -535,7 +540,8 @@ def colocate(
 
 
 # -------------------------------------------------------------------------------------- demo
-@app.command(help="Make a small JPEG dataset, train a small CNN on it under the monitor, "
+@app.command(short_help="Train a small CNN on generated JPEGs and show what was measured.",
+             help="Make a small JPEG dataset, train a small CNN on it under the monitor, "
              "store the run and print what was measured. Works on CPU-only machines.")  # fmt: skip
 def demo(
     steps: int = typer.Option(None, "--steps", help="Measured steps [60 on CPU, 200 on GPU]."),
@@ -575,7 +581,10 @@ def demo(
 
 
 # ------------------------------------------------------------------------------------ doctor
-@app.command(help="What gpulens can measure on this machine, and how to enable what is missing.")
+@app.command(
+    help="What gpulens can measure on this machine, and how to enable what is missing.",
+    short_help="What this machine can measure, and how to enable the rest.",
+)
 def doctor(json_out: bool = typer.Option(False, "--json", help="Print one JSON document.")) -> None:
     from gpulens.probes.capabilities import checks_as_dict, run_checks
     from gpulens.report.terminal import render_checks

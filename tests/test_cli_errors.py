@@ -1,0 +1,228 @@
+"""What a user sees when a command line is wrong or a command fails: one line, the right exit
+code, one JSON document with --json, and nothing read as rich markup."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from rich.console import Console
+
+import gpulens
+import gpulens.cli as cli
+import gpulens.cli_runs as cli_runs
+from gpulens.cli import main
+from gpulens.record.writer import RunWriter
+
+
+def run_cli(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+USAGE_ERRORS = [
+    (["run", "resnet18", "--bogus-flag"], "no such option: --bogus-flag", "gpulens run --help"),
+    (["run", "resnet18", "--steps"], "'--steps' requires an argument", "gpulens run --help"),
+    (["run", "resnet18", "--steps", "abc"], "'--steps'", "gpulens run --help"),
+    (["frobnicate"], "no such command 'frobnicate'", "gpulens --help"),
+    (["stalls", "resnet18"], "missing option '--data'", "gpulens stalls --help"),
+    (["runs", "list", "--limit", "x"], "'--limit'", "gpulens runs list --help"),
+    (["runs", "show"], "missing argument", "gpulens runs show --help"),
+    (["data", "make", "images", "--out", "x"], "missing option '--n'", "gpulens data make"),
+    (["colocate", "--duration"], "requires an argument", "gpulens colocate --help"),
+    (["--debug", "run", "x", "--nope"], "no such option: --nope", "gpulens run --help"),
+]
+
+
+@pytest.mark.parametrize("args, fragment, hint", USAGE_ERRORS)
+def test_usage_errors_are_one_line_and_exit_2(capsys, gpulens_home, args, fragment, hint):
+    code, out, err = run_cli(capsys, *args)
+    assert code == 2, err
+    assert fragment in err and hint in err
+    assert "internal error" not in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+    assert out == ""
+
+
+@pytest.mark.parametrize("args, fragment, hint", USAGE_ERRORS[:5])
+def test_usage_errors_with_json_print_one_error_document(capsys, args, fragment, hint):
+    code, out, err = run_cli(capsys, args[0], "--json", *args[1:])
+    assert code == 2
+    doc = json.loads(out)  # exactly one document
+    assert doc["error"]["type"] == "usage_error" and doc["error"]["exit_code"] == 2
+    assert fragment in doc["error"]["message"]
+    assert fragment in err  # the human line still on stderr
+
+
+def test_gpulens_error_with_json_prints_one_error_document(capsys, gpulens_home):
+    code, out, err = run_cli(capsys, "run", "resnet5O", "--json")
+    assert code == 2
+    doc = json.loads(out)
+    assert "unknown workload 'resnet5O'" in doc["error"]["message"]
+    assert doc["error"]["exception"] == "UsageError"
+    assert "unknown workload" in err
+
+
+def test_bare_gpulens_shows_help_and_exits_2(capsys):
+    code, out, err = run_cli(capsys)
+    assert code == 2  # click 8.2's convention for a group given no command
+    assert "Usage: gpulens" in err and "Commands:" in err and "runs" in err
+    assert "internal error" not in err
+    code, out, err = run_cli(capsys, "runs")
+    assert code == 2 and "Usage: gpulens runs" in err
+
+
+def test_version(capsys):
+    code, out, _ = run_cli(capsys, "--version")
+    assert code == 0
+    assert out.strip() == f"gpulens {gpulens.__version__}"
+
+
+def test_help_and_messages_keep_square_brackets(capsys):
+    code, out, _ = run_cli(capsys, "run", "--help")
+    assert code == 0
+    flat = " ".join(out.split())
+    assert "cuda:N or cpu [default: cuda:0 if there is a GPU, else cpu]" in flat
+    assert "Measured steps after warm-up [default: 100]" in flat
+    code, out, _ = run_cli(capsys, "demo", "--help")
+    assert "[60 on CPU, 200 on GPU]" in " ".join(out.split())
+
+
+def test_doctor_names_the_store_extra(capsys, monkeypatch):
+    import gpulens.probes.capabilities as capabilities
+
+    real_has = capabilities._has
+    monkeypatch.setattr(capabilities, "_has", lambda name: name != "mlflow" and real_has(name))
+    monkeypatch.setattr(cli, "out", Console(width=300))
+    code, out, _ = run_cli(capsys, "doctor")
+    assert code == 0
+    assert "pip install 'gpulens[store]'" in out
+
+
+def test_gpulens_works_without_click_and_mlflow(tmp_path):
+    """The lean install: typer >= 0.26 brings no click, and MLflow is an extra."""
+    script = (
+        "import sys\n"
+        "sys.modules['click'] = None\n"
+        "sys.modules['mlflow'] = None\n"
+        "from gpulens.cli import main\n"
+        "codes = [main(['--help']), main(['--version']), main(['doctor', '--json']),\n"
+        "         main(['run', 'tiny_cnn', '--bogus'])]\n"
+        "sys.exit(0 if codes == [0, 0, 0, 2] else 10 + codes.index(max(codes)))\n"
+    )
+    env = {**__import__("os").environ, "GPULENS_HOME": str(tmp_path)}
+    proc = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "No module named 'click'" not in proc.stderr
+
+
+# ------------------------------------------------------------------ exit codes
+def test_ctrl_c_during_run_exits_130(capsys, gpulens_home, monkeypatch):
+    import gpulens.workloads.train as train
+
+    def interrupted(*_a, **_kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train, "run_training", interrupted)
+    code, out, err = run_cli(capsys, "run", "tiny_cnn", "--device", "cpu", "--no-store")
+    assert code == 130
+    assert "interrupted" in err
+    code, out, err = run_cli(capsys, "run", "tiny_cnn", "--device", "cpu", "--no-store", "--json")
+    assert code == 130
+    assert json.loads(out)["error"] == {
+        "type": "interrupted",
+        "message": "interrupted (Ctrl-C)",
+        "exit_code": 130,
+        "exception": "KeyboardInterrupt",
+    }
+
+
+def test_sync_with_failures_exits_1(capsys, gpulens_home, monkeypatch):
+    import gpulens.store.mlflow_sink as sink
+
+    def partly(**_kw):
+        return [("run-a", "mlflow-1"), ("run-b", RuntimeError("unsupported URI 'foo://bar'"))]
+
+    monkeypatch.setattr(sink, "sync_all", partly)
+    code, out, err = run_cli(capsys, "runs", "sync", "--uri", "foo://bar")
+    assert code == 1
+    assert "1 synced, 1 failed" in out
+    assert "1 of 2 runs could not be synced" in err
+    code, out, err = run_cli(capsys, "runs", "sync", "--uri", "foo://bar", "--json")
+    assert code == 1
+    doc = json.loads(out)  # the sync document, not an error document on top of it
+    assert [f["run_id"] for f in doc["failed"]] == ["run-b"]
+    monkeypatch.setattr(sink, "sync_all", lambda **_kw: [("run-a", "mlflow-1")])
+    assert run_cli(capsys, "runs", "sync", "--uri", "foo://bar")[0] == 0
+
+
+def test_internal_error_is_one_line_and_a_json_document(capsys, monkeypatch):
+    import gpulens.probes.capabilities as capabilities
+
+    def broken():
+        raise ValueError("[bold]boom[/] [/]")  # markup in a message must not crash the handler
+
+    monkeypatch.setattr(capabilities, "run_checks", broken)
+    code, out, err = run_cli(capsys, "doctor", "--json")
+    assert code == 1
+    assert "internal error: ValueError: [bold]boom[/] [/]" in err
+    assert json.loads(out)["error"]["type"] == "internal_error"
+
+
+# ------------------------------------------------------------------ markup in user text
+MARKUP_NAME = "[bold red]M[/bold red] [/]"
+
+
+def _record(runs: Path, run_id: str, name: str) -> None:
+    w = RunWriter(runs, kind="train", name=name, run_id=run_id)
+    w.update(
+        effective_config={"workload": "[x]", "batch_size": 8, "device": "cpu"},
+        summary={"workload": "[x]", "device": "cpu", "throughput_samples_per_s": 10.0},
+        error="[/]",
+    )
+    series = w.series("gpu", pa.schema([("time_unix_s", pa.float64())]))
+    series.append({"time_unix_s": time.time()})
+    w.finish()
+
+
+def test_run_names_are_never_markup(capsys, gpulens_home, monkeypatch):
+    runs = gpulens_home / "runs"
+    _record(runs, "20240301-000001-aaaaaa", MARKUP_NAME)
+    _record(runs, "20240301-000002-bbbbbb", "[/]")
+    monkeypatch.setattr(cli_runs, "out", Console(width=250))
+    code, out, err = run_cli(capsys, "runs", "list")
+    assert code == 0, err
+    assert MARKUP_NAME in out
+    code, out, err = run_cli(capsys, "runs", "show", "20240301-000001")
+    assert code == 0, err
+    assert MARKUP_NAME in out
+    code, out, err = run_cli(capsys, "runs", "compare", "20240301-000001", "20240301-000002")
+    assert code == 0, err
+    assert "[bold red]M[/bold red]" in out
+    code, out, err = run_cli(capsys, "runs", "show", MARKUP_NAME)  # by name
+    assert code == 0, err
+    code, out, err = run_cli(capsys, "runs", "show", "[/nope]")
+    assert code == 2 and "no run matches '[/nope]'" in err
+
+
+def test_colocate_logs_its_record_to_the_store(capsys, gpulens_home, monkeypatch):
+    import gpulens.experiments.colocate as colocate
+
+    doc = {"run_id": "20240301-000003-cccccc", "jobs": [], "results": [], "recommendation": "x"}
+    monkeypatch.setattr(colocate, "run_colocate", lambda *_a, **_kw: dict(doc))
+    stored = []
+    monkeypatch.setattr(cli, "_store", lambda record_dir, enabled: stored.append(enabled))
+    code, out, err = run_cli(capsys, "colocate", "tiny_cnn", "tiny_cnn", "--json")
+    assert code == 0, err
+    assert stored == [True]
+    code, out, err = run_cli(capsys, "colocate", "tiny_cnn", "tiny_cnn", "--no-store", "--json")
+    assert code == 0, err
+    assert stored == [True, False]
