@@ -193,8 +193,9 @@ def _problem(path: Path) -> tuple[dict[str, Any] | None, str]:
         return None, "is not UTF-8 text"
     except json.JSONDecodeError as exc:
         where = f"line {exc.lineno} column {exc.colno}"
-        if exc.pos >= len(raw.rstrip()):
-            return None, f"is truncated (the JSON ends early, at {where})"
+        text = raw.decode("utf-8").strip()
+        if exc.pos >= len(text) or (text[:1] in "{[" and text[-1:] not in "}]"):
+            return None, f"is truncated (the JSON ends early: {exc.msg} at {where})"
         return None, f"is not valid JSON ({exc.msg} at {where})"
     if not isinstance(meta, dict):
         return None, f"holds a JSON {type(meta).__name__}, not an object"

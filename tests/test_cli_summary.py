@@ -1,0 +1,65 @@
+"""The run summary names what the monitor costs for what it is, and shows the interval."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from types import SimpleNamespace
+
+from rich.console import Console
+
+from gpulens.cli import _train_json
+from gpulens.report.terminal import render_train_summary
+
+BASE = {
+    "workload": "tiny_cnn",
+    "device": "cpu",
+    "precision": "fp32",
+    "batch_size": 8,
+    "measured_steps": 20,
+    "warmup_steps": 2,
+    "stop_reason": "steps",
+    "throughput_samples_per_s": 1234.5,
+    "throughput_ci95_pct": 2.5,
+    "phases_s": {"data_wait": 0.001, "h2d": 0.0, "compute": 0.005, "step": 0.006},
+    "gpu": None,
+    "host": {"cpu_util_pct": 50.0, "proc_tree_cpu_pct": 90.0},
+    "mfu": None,
+    "flops_per_sample": None,
+    "workers": 0,
+}
+
+
+def _render(summary: dict) -> str:
+    buf = io.StringIO()
+    render_train_summary(Console(file=buf, width=200), "r1", Path("/x/[r1]"), summary)
+    return buf.getvalue()
+
+
+def test_new_monitor_fields_and_interval():
+    summary = {
+        **BASE,
+        "sampler_cpu_pct_of_core": 3.25,
+        "tracking_us_per_step": 41.0,
+        "throughput_ci95_samples_per_s": [1200.0, 1270.0],
+    }
+    text = _render(summary)
+    assert "sampler CPU (share of one core)" in text and "3.25%" in text
+    assert "gpulens time per step" in text and "41.0 µs" in text
+    assert "1,200.0–1,270.0" in text
+    assert "monitor overhead" not in text
+    assert "/x/[r1]" in text  # a path is not markup
+    doc = _train_json(SimpleNamespace(run_id="r1", record_dir=Path("/x"), summary=summary))
+    assert doc["sampler_cpu_pct_of_core"] == 3.25 and doc["tracking_us_per_step"] == 41.0
+    assert doc["throughput_ci95_samples_per_s"] == [1200.0, 1270.0]
+    assert "monitor_overhead_pct" not in doc
+
+
+def test_old_records_fall_back_to_monitor_overhead_pct():
+    summary = {**BASE, "monitor_overhead_pct": 7.6}
+    text = _render(summary)
+    assert "sampler CPU (share of one core)" in text and "7.60%" in text
+    assert "gpulens time per step" not in text  # not measured in old records: not shown
+    doc = _train_json(SimpleNamespace(run_id="r1", record_dir=Path("/x"), summary=summary))
+    assert doc["sampler_cpu_pct_of_core"] == 7.6 and doc["tracking_us_per_step"] is None
+    assert "throughput_ci95_samples_per_s" not in doc
