@@ -48,6 +48,7 @@ from gpulens.launch.processes import (
     remove_work_dir,
     spawn,
 )
+from gpulens.record.redact import redact_argv
 from gpulens.workloads.colocate_job import JobSpec, ProcessSpec, unique_names
 
 log = logging.getLogger(__name__)
@@ -383,21 +384,30 @@ def command_outcome(job: JobSpec, returncode: int, wall_s: float, logf: Path) ->
     if returncode != 0:
         tail = _tail(_err_path(logf), 400) or _tail(logf, 400) or None
         how = (
-            f"was stopped by signal {-returncode}" if returncode < 0
+            f"was stopped by signal {-returncode}"
+            if returncode < 0
             else f"exited with code {returncode}"
-        )  # fmt: skip
-        err = f"cmd job {job.name} ({shlex.join(job.command)}) {how}"
+        )
+        err = f"cmd job {job.name} ({shlex.join(redact_argv(list(job.command)))}) {how}"
         if tail:
             err += f": {tail.splitlines()[-1][-200:]}"
     return {
-        "name": job.name, "key": job.key, "kind": "cmd", "steps": 1,
-        "samples": 1, "window_s": wall_s,
+        "name": job.name,
+        "key": job.key,
+        "kind": "cmd",
+        "steps": 1,
+        "samples": 1,
+        "window_s": wall_s,
         "throughput_samples_per_s": (1.0 / wall_s) if returncode == 0 and wall_s > 0 else None,
-        "step_time_p50_s": wall_s, "step_time_p99_s": wall_s,
-        "step_times_s": [wall_s], "peak_mem_bytes": None, "error": err,
+        "step_time_p50_s": wall_s,
+        "step_time_p99_s": wall_s,
+        "step_times_s": [wall_s],
+        "peak_mem_bytes": None,
+        "error": err,
         "error_kind": "failed" if err else None,
-        "exit_code": returncode, "stderr_tail": tail,
-    }  # fmt: skip
+        "exit_code": returncode,
+        "stderr_tail": tail,
+    }
 
 
 def run_group(

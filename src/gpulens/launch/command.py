@@ -90,9 +90,12 @@ def _run(
         # SIGTERM when gpulens dies: the command may stop its own children (torchrun does).
         # Same process group as gpulens: a terminal's Ctrl-C and reads from it work as before.
         child = spawn(
-            argv, env=env, death_signal=signal.SIGTERM, own_group=False,
+            argv,
+            env=env,
+            death_signal=signal.SIGTERM,
+            own_group=False,
             stdout=2 if stdout_to_stderr else None,
-        )  # fmt: skip
+        )
     except OSError as exc:
         reason = "command not found" if isinstance(exc, FileNotFoundError) else str(exc)
         message = f"could not start '{argv[0]}': {reason}; check the command name and your PATH"

@@ -424,8 +424,11 @@ def cleanup_stale(grace_s: float = REAP_GRACE_S) -> Cleanup:
     if found.owners or found.work_dirs:
         log.info(
             "cleaned up after %d gpulens process(es) that died: %d process(es) ended, "
-            "%d work dir(s) removed", found.owners, found.processes, found.work_dirs,
-        )  # fmt: skip
+            "%d work dir(s) removed",
+            found.owners,
+            found.processes,
+            found.work_dirs,
+        )
     return found
 
 

@@ -119,8 +119,10 @@ def redact_text(text: str) -> str:
 
 def redact_env(env: dict[str, Any]) -> dict[str, Any]:
     """An environment with the values of secret-named variables replaced."""
-    return {k: (REDACTED if is_secret_name(str(k)) and v not in (None, "") else redact(v))
-            for k, v in env.items()}  # fmt: skip
+    return {
+        k: REDACTED if is_secret_name(str(k)) and v not in (None, "") else redact(v)
+        for k, v in env.items()
+    }
 
 
 def redact(value: Any) -> Any:

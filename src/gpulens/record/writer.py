@@ -22,7 +22,7 @@ from gpulens.record.redact import redact
 
 # What a run record captures from the user's command line and environment: secrets are
 # replaced (see gpulens.record.redact) before any of it reaches the disk.
-REDACTED_FIELDS = ("requested_config", "effective_config", "environment")
+REDACTED_FIELDS = ("requested_config", "effective_config", "environment", "summary", "error")
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +148,7 @@ class RunWriter:
             "created_at": now_iso(),
             "ended_at": None,
             "heartbeat_at": now_iso(),
-            "requested_config": redact(requested_config or {}),
+            "requested_config": redact(requested_config or {}),  # and in update()
             "effective_config": {},
             "environment": redact(environment or {}),
             "summary": {},

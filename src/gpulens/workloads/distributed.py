@@ -16,6 +16,7 @@ import logging
 import os
 import queue as queue_mod
 import re
+import signal
 import socket
 import time
 from dataclasses import asdict
@@ -25,6 +26,7 @@ from typing import Any
 import torch
 
 from gpulens.errors import RuntimeFailure, UsageError
+from gpulens.launch.processes import on_lasting_thread, set_parent_death_signal
 from gpulens.probes.environment import capture_environment
 from gpulens.probes.gpu import describe_gpus
 from gpulens.probes.monitor import Monitor, ProbeSpec
@@ -71,6 +73,55 @@ def read_nccl_transports(record_dir: Path) -> list[str] | None:
     return parse_nccl_transports("\n".join(texts)) if texts else None
 
 
+LOOPBACK = "127.0.0.1"
+STORE_TIMEOUT_S = 600.0
+
+
+def loopback_interface() -> str | None:
+    """The name of the interface that holds 127.0.0.1 ("lo" on Linux), None if none does."""
+    import psutil
+
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == LOOPBACK for a in addrs):
+            return name
+    return None
+
+
+def loopback_env() -> dict[str, str]:
+    """Socket interfaces for gloo and NCCL on one host: the loopback, unless the user chose."""
+    iface = loopback_interface()
+    if iface is None:
+        return {}
+    return {k: iface for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME") if k not in os.environ}
+
+
+def init_group(backend: str, rank: int, world: int, port: int, device_id=None):
+    """Join a process group whose rendezvous store listens on the loopback only.
+
+    PyTorch's own TCPStore server listens on every interface (``::``) whatever MASTER_ADDR
+    says; here rank 0 binds the listening socket to 127.0.0.1 itself and hands it over. The
+    ranks' own sockets (gloo, NCCL bootstrap) use the loopback through :func:`loopback_env`."""
+    import datetime
+
+    import torch.distributed as dist
+
+    timeout = datetime.timedelta(seconds=STORE_TIMEOUT_S)
+    if rank == 0:
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((LOOPBACK, port))
+        listener.listen(max(128, 2 * world))
+        store = dist.TCPStore(
+            LOOPBACK, port, world, True, timeout, master_listen_fd=listener.detach()
+        )
+    else:
+        store = dist.TCPStore(LOOPBACK, port, world, False, timeout)
+    dist.init_process_group(
+        backend=backend, store=store, rank=rank, world_size=world, device_id=device_id
+    )
+    return store
+
+
 def free_port() -> int:
     """A TCP port free on the loopback now, for a process group's rendezvous."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -113,6 +164,7 @@ def run_distributed(config, spec: WorkloadSpec, runs_root: Path, progress, kind:
     env = transport_env(config.nccl_transport) if device_type == "cuda" else {}
     eff["backend"] = "nccl" if device_type == "cuda" else "gloo"
     eff["transport_env"] = env
+    eff["rendezvous_addr"] = LOOPBACK
     writer = RunWriter(
         runs_root,
         kind=kind,
@@ -174,12 +226,16 @@ def _spawn_and_summarize(spec, eff, world, device0, writer, probes, nvml_indices
 
     monitor = Monitor(writer, probes, hz=eff["sample_hz"])
     with monitor:
-        procs = mp.start_processes(
-            _rank_main,
-            args=(world, eff, str(writer.dir), port, messages, env),
-            nprocs=world,
-            join=False,
-            start_method="spawn",
+        # Forked from a thread that lives as long as this process: each rank's parent-death
+        # signal (armed in _rank_main) fires when this process dies, not when a thread ends.
+        procs = on_lasting_thread(
+            lambda: mp.start_processes(
+                _rank_main,
+                args=(world, eff, str(writer.dir), port, messages, env, os.getpid()),
+                nprocs=world,
+                join=False,
+                start_method="spawn",
+            )
         )
         try:
             while not procs.join(timeout=0.25):
@@ -211,21 +267,26 @@ def _spawn_and_summarize(spec, eff, world, device0, writer, probes, nvml_indices
     if eff["nccl_transport"] == "socket" and transports and "NET/Socket" not in transports:
         log.warning("NCCL was asked for sockets but reported %s", ", ".join(transports))
     measured = [r for r in result["rows"] if not r["warmup"]]
+    # Rank 0's time in gpulens's step timer per step, on its training thread.
+    costs = {**overhead.as_dict(), "tracking_us_per_step": result.get("tracking_us_per_step")}
     return summarize_run(
-        spec, eff, device0, writer, measured, overhead.as_dict(), LoopResult(**result["loop"]),
+        spec, eff, device0, writer, measured, costs, LoopResult(**result["loop"]),
         nvml_indices, [peaks.get(r) for r in range(world)], world_size=world,
     )  # fmt: skip
 
 
 def _rank_main(rank: int, world: int, eff: dict[str, Any], record_dir: str, port: int,
-               messages, env: dict[str, str]) -> None:  # fmt: skip
-    """One training process (spawned): joins the group, trains, reports to the parent."""
+               messages, env: dict[str, str], parent_pid: int | None = None) -> None:  # fmt: skip
+    """One training process (spawned): joins the group, trains, reports to the parent. It dies
+    with the parent (SIGKILL when the parent dies, even by SIGKILL)."""
+    set_parent_death_signal(signal.SIGKILL, parent_pid)
     import torch.distributed as dist
 
     from gpulens.workloads.train import StopControl, measured_loop, oom_message, prepare
 
     os.environ.update(env)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(loopback_env())
+    os.environ.update(MASTER_ADDR=LOOPBACK, MASTER_PORT=str(port))
     cuda = eff["backend"] == "nccl"
     device = torch.device(f"cuda:{rank}") if cuda else torch.device("cpu")
     if cuda:
@@ -234,10 +295,7 @@ def _rank_main(rank: int, world: int, eff: dict[str, Any], record_dir: str, port
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     torch.manual_seed(eff["seed"])
     spec = get_workload(eff["workload"])
-    dist.init_process_group(
-        backend=eff["backend"], rank=rank, world_size=world,
-        device_id=device if cuda else None,
-    )  # fmt: skip
+    init_group(eff["backend"], rank, world, port, device_id=device if cuda else None)
     try:
         control = StopControl(dist.new_group(backend="gloo"))
         timing_dir = Path(record_dir) / "series" if eff["prep_timing"] and rank == 0 else None
@@ -261,7 +319,16 @@ def _rank_main(rank: int, world: int, eff: dict[str, Any], record_dir: str, port
         timer.finish()
         messages.put(("peak", rank, torch.cuda.max_memory_allocated(device) if cuda else None))
         if rank == 0:
-            messages.put(("result", {"rows": timer.rows, "loop": asdict(loop)}))
+            messages.put(
+                (
+                    "result",
+                    {
+                        "rows": timer.rows,
+                        "loop": asdict(loop),
+                        "tracking_us_per_step": timer.tracking_us_per_step(),
+                    },
+                )
+            )
         control.barrier()
     finally:
         dist.destroy_process_group()
