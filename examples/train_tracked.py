@@ -3,16 +3,21 @@
 python examples/train_tracked.py                 # makes its own gpulens run
 gpulens run -- python examples/train_tracked.py  # steps go into gpulens's run
 gpulens stalls --data DIR -- python examples/train_tracked.py --data DIR  # stall breakdown
+torchrun --nproc_per_node 2 examples/train_tracked.py              # data parallel: one run,
+gpulens run -- torchrun --nproc_per_node 2 examples/train_tracked.py  # steps per rank
 
 With --data DIR the script reads the files under DIR (any files: each sample is a file's first
 bytes, as a vector), so `gpulens stalls` can time it with the files in the page cache and cold.
+Under torchrun (WORLD_SIZE > 1) it trains with DistributedDataParallel (NCCL on GPUs, gloo on
+CPU); gpulens times each rank and combines them.
 """
 
 import argparse
+import os
 from pathlib import Path
 
 import torch
-from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
 
 import gpulens
 
@@ -39,18 +44,39 @@ class Files(Dataset):
         return x, sum(self.paths[i].parent.name.encode()) % 10
 
 
-device = "cuda" if torch.cuda.is_available() else "cpu"
+distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+cuda = torch.cuda.is_available()
+device = "cuda" if cuda else "cpu"
+if distributed:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group("nccl" if cuda else "gloo")
+    if cuda:
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+        torch.cuda.set_device(device)
 if args.data:
     data = Files(args.data)
 else:
     data = TensorDataset(torch.randn(4096, 64), torch.randint(0, 10, (4096,)))
-loader = DataLoader(data, batch_size=args.batch_size, shuffle=True, num_workers=args.workers)
+sampler = DistributedSampler(data) if distributed else None
+loader = DataLoader(
+    data,
+    batch_size=args.batch_size,
+    shuffle=sampler is None,
+    sampler=sampler,
+    num_workers=args.workers,
+)
 model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
 model = model.to(device)
+if distributed:
+    model = DistributedDataParallel(model, device_ids=[device] if cuda else None)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 
 with gpulens.track(name="tracked-example") as tracker:  ###
-    for _epoch in range(args.epochs):
+    for epoch in range(args.epochs):
+        if sampler is not None:
+            sampler.set_epoch(epoch)
         # device=: batches arrive on the device (under `gpulens stalls`, its ingestion-free run
         # repeats the first few batches already there instead of loading more)
         for x, y in tracker.data(loader, device=device):  ### times the wait for each batch
@@ -59,4 +85,7 @@ with gpulens.track(name="tracked-example") as tracker:  ###
             opt.step()
             opt.zero_grad()
             tracker.step()  # optional: marks the end of the step explicitly
-print(f"final loss {loss.item():.3f}")
+if distributed:
+    dist.destroy_process_group()
+if int(os.environ.get("RANK", "0")) == 0:
+    print(f"final loss {loss.item():.3f}")

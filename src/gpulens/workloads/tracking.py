@@ -7,7 +7,17 @@
             tracker.step()                                 # optional: marks the end of the step
 
 Under ``gpulens run -- python train.py`` the steps go into the run that gpulens made (it already
-monitors the GPU and host); run on its own, the script gets a run record and monitor of its own.
+monitors the GPU and host); run on its own, the script gets a run record and monitor of its own,
+which is logged to the store (MLflow) in the background when the tracker closes (the process
+waits for it at most ``GPULENS_STORE_WAIT_S``, 20 s, at exit; ``track(store=False)`` or
+``GPULENS_STORE=0`` turns that off).
+
+Under torchrun (``WORLD_SIZE`` > 1) every rank tracks its own steps into one run: per-rank
+steps and summaries, combined at the end (throughput summed over ranks, step time of the slowest
+rank, stragglers named); see :mod:`gpulens.workloads.tracking_ranks`.
+
+Nothing the tracker does may stop the user's loop: a failure inside gpulens is logged (logger
+``gpulens.workloads.tracking``) and the loop goes on untimed.
 
 ``tracker.data(iterable, device=None)``: with ``device``, each batch (a tensor, or tuples, lists
 and dicts of them, nested) is moved there with ``non_blocking=True`` and the time that takes is
@@ -38,15 +48,37 @@ import json
 import logging
 import math
 import os
+import socket
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from gpulens.paths import runs_dir
 from gpulens.probes.steps import STEPS_SCHEMA, StepTimer
 from gpulens.record import schema
 from gpulens.record.writer import SeriesWriter, atomic_write_json
 from gpulens.stats import throughput_ci
+from gpulens.workloads.tracking_batches import batch_size, describe_loader, length, to_device
+from gpulens.workloads.tracking_ranks import (
+    GROUPS_DIR,
+    RANK_STEPS_SCHEMA,
+    RUNNING,
+    STRAGGLER_PCT,
+    RankInfo,
+    finalize_ranks,
+    group_key,
+    join_group,
+    leave_group,
+    rank_info,
+    rank_series_name,
+    rank_wait_s,
+    read_rank_files,
+    run_status,
+    status_of,
+    wait_for_ranks,
+    write_rank_file,
+)
 
 log = logging.getLogger(__name__)
 
@@ -61,65 +93,24 @@ def _env_on(name: str) -> bool:
     return os.environ.get(name, "").strip() == "1"
 
 
-def to_device(batch: Any, device: Any) -> Any:
-    """``batch`` with every tensor in it (nested tuples, lists, dicts) moved to ``device`` with
-    ``non_blocking=True``; anything else is returned as it is."""
-    import torch
+class _WithRank:
+    """A series writer that adds ``rank`` to every row (the timer knows nothing of ranks)."""
 
-    if torch.is_tensor(batch):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
-        return type(batch)(*(to_device(b, device) for b in batch))
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(to_device(b, device) for b in batch)
-    if isinstance(batch, dict):
-        moved = {k: to_device(v, device) for k, v in batch.items()}
-        try:
-            return type(batch)(moved)
-        except TypeError:  # a mapping type that cannot be built from a dict
-            return moved
-    return batch
+    def __init__(self, series: SeriesWriter, rank: int):
+        self.series = series
+        self.rank = rank
 
-
-def _length(iterable: Any) -> int | None:
-    try:
-        return len(iterable)
-    except (TypeError, NotImplementedError):
-        return None
-
-
-def _describe_loader(iterable: Any) -> dict[str, Any]:
-    """What the tracker can tell about a loader without iterating it (torch DataLoader: workers
-    and batch size)."""
-
-    def int_attr(name: str) -> int | None:
-        value = getattr(iterable, name, None)
-        return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-    return {
-        "type": type(iterable).__name__,
-        "num_workers": int_attr("num_workers"),
-        "batch_size": int_attr("batch_size"),
-        "len": _length(iterable),
-    }
-
-
-def _batch_size(batch: Any) -> int | None:
-    """Samples in a batch: the leading dimension of its first tensor-like part."""
-    if hasattr(batch, "shape") and len(batch.shape) > 0:
-        return int(batch.shape[0])
-    if isinstance(batch, (list, tuple)) and batch:
-        first = batch[0]
-        if isinstance(first, (int, float, str, bytes)):
-            return len(batch)  # a plain list of samples
-        return _batch_size(first)
-    if isinstance(batch, dict) and batch:
-        return _batch_size(next(iter(batch.values())))
-    return None
+    def append(self, row: dict[str, Any]) -> None:
+        self.series.append({**row, "rank": self.rank})
 
 
 class Tracker:
-    """Times the steps of a user's loop. Use :func:`track` to make one."""
+    """Times the steps of a user's loop. Use :func:`track` to make one.
+
+    Nothing gpulens does here may stop the loop: a failure inside the tracker is logged
+    (logger ``gpulens.workloads.tracking``) and the loop goes on untimed. Errors of the loop
+    itself (its loader, its model) reach the script as they would without gpulens.
+    """
 
     def __init__(
         self,
@@ -128,19 +119,24 @@ class Tracker:
         warmup_steps: int = 5,
         sample_hz: float = 10.0,
         runs_root: Path | None = None,
+        straggler_pct: float = STRAGGLER_PCT,
+        store: bool = True,
     ):
         self.samples_per_step = samples_per_step
+        self.straggler_pct = straggler_pct
+        self.run_dir: Path | None = None
+        self.ranks = RankInfo()
+        self._store = store
         self._owned_writer = None
         self._monitor = None
-        parent_dir = os.environ.get(RUN_DIR_ENV)
-        if parent_dir:
-            self.run_dir = Path(parent_dir)
-            series = SeriesWriter(self.run_dir / schema.SERIES_DIR / "steps", STEPS_SCHEMA)
-        else:
-            self._start_own_run(name, sample_hz, runs_root)
-            series = self._owned_writer.series("steps", STEPS_SCHEMA)
-        self._series = series
-        self._timer = StepTimer(series, cuda=False, warmup_steps=warmup_steps)
+        self._series = None
+        self._rank_series: SeriesWriter | None = None
+        self._group: tuple[Path, str] | None = None  # (groups folder, key) of the run's creator
+        self._member = False  # a rank that writes into a run another rank created
+        self._timer = StepTimer(None, cuda=False, warmup_steps=warmup_steps)
+        self._broken = False  # hooks stopped after a failure inside gpulens
+        self._failure: str | None = None  # what failed, kept in the summary
+        self._closed = False
         self._in_step = False
         self._step_timed = False
         self._t0 = time.perf_counter()
@@ -153,70 +149,177 @@ class Tracker:
         self._loader: dict[str, Any] | None = None
         self._cached_batches: dict[int, tuple[Any, list]] = {}  # id -> (iterable, batches)
         self._warned_endless = False
+        try:
+            self._start(name, warmup_steps, sample_hz, runs_root)
+        except Exception as exc:
+            self._fail("start", exc)
 
-    def _start_own_run(self, name, sample_hz, runs_root) -> None:
+    # --- start ------------------------------------------------------------------------------
+    def _start(self, name, warmup_steps, sample_hz, runs_root) -> None:
+        self.ranks = rank_info()
+        parent_dir = os.environ.get(RUN_DIR_ENV)
+        if parent_dir:
+            self.run_dir = Path(parent_dir)
+            self._member = True
+        elif self.ranks.distributed:
+            self._join_group(name, runs_root)
+        else:
+            self._start_own_run(name, runs_root)
+        if self.ranks.distributed:
+            series = SeriesWriter(
+                self.run_dir / schema.SERIES_DIR / rank_series_name(self.ranks.rank),
+                RANK_STEPS_SCHEMA,
+            )
+            self._rank_series = series
+            self._series = _WithRank(series, self.ranks.rank)
+            write_rank_file(self.run_dir, self.ranks.rank, self._rank_doc(RUNNING))
+        elif self._owned_writer is None:
+            self._series = SeriesWriter(self.run_dir / schema.SERIES_DIR / "steps", STEPS_SCHEMA)
+        else:
+            self._series = self._owned_writer.series("steps", STEPS_SCHEMA)
+        self._timer = StepTimer(self._series, cuda=False, warmup_steps=warmup_steps)
+        if self._owned_writer is not None:
+            self._start_monitor(sample_hz)
+
+    def _join_group(self, name, runs_root) -> None:
+        root = Path(runs_root) if runs_root else runs_dir()
+        groups, key = root.parent / GROUPS_DIR, group_key()
+        self.run_dir, created = join_group(groups, key, lambda: self._new_writer(name, root, key))
+        if created:
+            self._group = (groups, key)
+        else:
+            self._member = True
+        log.debug("rank %d tracks into %s", self.ranks.rank, self.run_dir)
+
+    def _new_writer(self, name, runs_root: Path, group: str | None = None) -> Path:
         import sys
 
-        from gpulens.paths import runs_dir
         from gpulens.probes.environment import capture_environment
         from gpulens.probes.gpu import describe_gpus
-        from gpulens.probes.monitor import Monitor, ProbeSpec
         from gpulens.record.writer import RunWriter
 
+        config: dict[str, Any] = {"argv": sys.argv}
+        if group:
+            config.update(world_size=self.ranks.world_size, group=group)
         self._owned_writer = RunWriter(
-            runs_root or runs_dir(),
+            runs_root,
             kind="script",
             name=name or Path(sys.argv[0] or "script").stem,
-            requested_config={"argv": sys.argv},
+            requested_config=config,
             environment=capture_environment(describe_gpus()),
         )
-        self.run_dir = self._owned_writer.dir
+        return self._owned_writer.dir
+
+    def _start_own_run(self, name, runs_root) -> None:
+        self.run_dir = self._new_writer(name, Path(runs_root) if runs_root else runs_dir())
+
+    def _start_monitor(self, sample_hz) -> None:
+        from gpulens.probes.monitor import Monitor, ProbeSpec
+
+        # Under torchrun the launcher's process tree holds every rank of this node.
+        root_pid = os.getppid() if self._group and "TORCHELASTIC_RUN_ID" in os.environ else None
         self._monitor = Monitor(
             self._owned_writer,
-            [ProbeSpec("gpu"), ProbeSpec("host", {"root_pid": os.getpid()})],
+            [ProbeSpec("gpu"), ProbeSpec("host", {"root_pid": root_pid or os.getpid()})],
             sample_hz,
         )
         self._monitor.start()
 
+    def _rank_doc(self, status: str, error: str | None = None, **summary: Any) -> dict[str, Any]:
+        return {
+            "rank": self.ranks.rank,
+            "local_rank": self.ranks.local_rank,
+            "world_size": self.ranks.world_size,
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
+            "status": status,
+            "error": error,
+            "straggler_threshold_pct": self.straggler_pct,
+            **summary,
+        }
+
+    # --- failures inside gpulens ------------------------------------------------------------
+    def _fail(self, where: str, exc: BaseException) -> None:
+        """Log a failure inside gpulens once and stop timing; the loop goes on."""
+        if not self._broken:
+            self._failure = f"{where}: {type(exc).__name__}: {exc}"
+            log.warning(
+                "gpulens tracking stopped (%s failed: %s: %s); the training goes on untracked",
+                where,
+                type(exc).__name__,
+                exc,
+                exc_info=log.isEnabledFor(logging.DEBUG),
+            )
+        self._broken = True
+
+    def _safely(self, where: str, fn, *args) -> Any:
+        if self._broken:
+            return None
+        try:
+            return fn(*args)
+        except Exception as exc:
+            self._fail(where, exc)
+            return None
+
+    # --- the loop -----------------------------------------------------------------------------
     def data(self, iterable: Iterable, device: Any = None) -> Iterator:
         """Yield from ``iterable``, timing how long each batch took to arrive; with ``device``,
         each batch is moved there (``non_blocking=True``). See the module docstring for what
         ``gpulens stalls`` changes here."""
-        if self._loader is None:
-            self._loader = _describe_loader(iterable)
-        if device is not None and self._device is None:
-            self._device = str(device)
-        if self._ingestion_free:
+        if self._broken:
+            yield from self._untimed(iter(iterable), device)
+            return
+        try:
+            if self._loader is None:
+                self._loader = describe_loader(iterable)
+            if device is not None and self._device is None:
+                self._device = str(device)
+        except Exception as exc:
+            self._fail("data", exc)
+        if self._ingestion_free and not self._broken:
             batches = self._repeated(iterable, device)
             move = None  # the repeated batches were moved once, when taken
         else:
             batches = iter(iterable)
             move = device
         while True:
-            if self._in_step:
-                self.step()
-            timed = self._timing
-            if timed:
-                self._timer.begin_step()
+            if self._broken:
+                yield from self._untimed(batches, move)
+                return
+            timed = self._safely("data", self._before_batch)
             try:
                 batch = next(batches)
             except StopIteration:
-                if timed:
-                    self._timer._prev_begin = None  # the epoch's end is not a step
-                self._passes_completed += 1
-                if self._first_pass_only:
-                    self._timing = False
+                self._safely("data", self._end_of_pass, timed)
                 return
             if timed:
-                self._timer.batch_ready()
+                self._safely("data", self._timer.batch_ready)
             if move is not None:
                 batch = to_device(batch, move)
             if timed:
-                self._timer.copy_done()
-            self._last_batch_samples = _batch_size(batch)
+                self._safely("data", self._timer.copy_done)
+            self._last_batch_samples = self._safely("data", batch_size, batch)
             self._in_step = True
-            self._step_timed = timed
+            self._step_timed = bool(timed) and not self._broken
             yield batch
+
+    def _untimed(self, batches: Iterator, device: Any) -> Iterator:
+        for batch in batches:
+            yield to_device(batch, device) if device is not None else batch
+
+    def _before_batch(self) -> bool:
+        if self._in_step:
+            self.step()
+        if self._timing:
+            self._timer.begin_step()
+        return self._timing
+
+    def _end_of_pass(self, timed: bool) -> None:
+        if timed:
+            self._timer._prev_begin = None  # the epoch's end is not a step
+        self._passes_completed += 1
+        if self._first_pass_only:
+            self._timing = False
 
     def _repeated(self, iterable: Iterable, device: Any) -> Iterator:
         """Ingestion-free batches: the first few from ``iterable`` (taken once per iterable),
@@ -234,7 +337,7 @@ class Tracker:
         taken = entry[1]
         if not taken:
             return
-        n = _length(iterable)
+        n = length(iterable)
         if n is None:
             if not self._warned_endless:
                 self._warned_endless = True
@@ -252,12 +355,22 @@ class Tracker:
         """Mark the end of a step. ``samples`` defaults to the batch's leading dimension."""
         if not self._in_step:
             return
-        if self._step_timed:
-            n = samples or self.samples_per_step or self._last_batch_samples or 1
-            self._timer.end_step(samples=n)
         self._in_step = False
+        if self._step_timed and not self._broken:
+            n = samples or self.samples_per_step or self._last_batch_samples or 1
+            self._safely("step", self._timer.end_step, n)
 
+    # --- the end ------------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
+        """This process's steps (under torchrun: this rank's; the run's ``tracker.json`` and
+        summary combine the ranks)."""
+        try:
+            return self._summary()
+        except Exception as exc:
+            self._fail("summary", exc)
+            return {}
+
+    def _summary(self) -> dict[str, Any]:
         rows = self._timer.measured_rows()
         times = [r["step_time_s"] for r in rows if r["step_time_s"] is not None]
         samples = [r["samples"] for r in rows if r["step_time_s"] is not None]
@@ -293,23 +406,78 @@ class Tracker:
         }
 
     def close(self, error: BaseException | None = None) -> None:
-        if self._in_step:
-            self.step()
-        self._timer.finish()
-        summary = self.summary()
-        if self._owned_writer is None:
-            self._series.close(compact=True)
-            atomic_write_json(self.run_dir / TRACKER_FILE, summary)
+        """End the tracking: write the steps and the summary, end the run gpulens made for
+        this script (``failed``/``killed`` with ``error``) and log it to the store in the
+        background. Never raises."""
+        if self._closed:
             return
-        overhead = self._monitor.stop()
-        summary.update(overhead.as_dict())
-        self._owned_writer.update(summary=summary)
-        if error is None:
-            self._owned_writer.finish("finished")
-        elif isinstance(error, KeyboardInterrupt):
-            self._owned_writer.finish("killed", error="interrupted (Ctrl-C)")
-        else:
-            self._owned_writer.finish("failed", error=str(error) or type(error).__name__)
+        self._closed = True
+        try:
+            self._close(error)
+        except Exception as exc:
+            self._fail("close", exc)
+
+    def _close(self, error: BaseException | None) -> None:
+        summary: dict[str, Any] = {}
+        if self._series is not None and not self._broken:
+            try:
+                if self._in_step:
+                    self.step()
+                self._timer.finish()
+                summary = self._summary()
+            except Exception as exc:
+                self._fail("close", exc)
+        if self._failure:
+            summary["tracking_error"] = self._failure
+        status, message = status_of(error)
+        if self.ranks.distributed and self._rank_series is not None:
+            self._close_rank(summary, status, message)
+            if self._member:
+                return
+        elif self._owned_writer is None:  # inside a run made by `gpulens run`/`stalls`
+            if self._series is not None:
+                self._series.close(compact=True)
+                atomic_write_json(self.run_dir / TRACKER_FILE, summary)
+            return
+        if self._owned_writer is not None:
+            self._end_own_run(summary, status, message, error)
+
+    def _close_rank(self, summary: dict[str, Any], status: str, message: str | None) -> None:
+        try:
+            self._rank_series.close(compact=True)
+        except Exception as exc:  # the stream stays readable
+            log.warning("gpulens: could not compact rank %d's steps: %s", self.ranks.rank, exc)
+        write_rank_file(self.run_dir, self.ranks.rank, self._rank_doc(status, message, **summary))
+
+    def _end_own_run(self, summary, status, message, error) -> None:
+        writer = self._owned_writer
+        try:
+            if self._group is not None:
+                wait_s = rank_wait_s() if not isinstance(error, KeyboardInterrupt) else 5.0
+                docs = wait_for_ranks(self.run_dir, self.ranks.local_world_size, wait_s)
+                finished = [r for r, d in docs.items() if d.get("status") != RUNNING]
+                late = sorted(set(docs) - set(finished))
+                if late:
+                    log.warning(
+                        "gpulens: rank(s) %s still running after %.0f s; the run ends without "
+                        "their summary, and their steps stay in series/steps-rank<R>",
+                        ", ".join(map(str, late)),
+                        wait_s,
+                    )
+                summary = finalize_ranks(self.run_dir, docs, ranks_to_merge=finished)
+                docs.setdefault(self.ranks.rank, {"status": status, "error": message})
+                status, message = run_status(docs)
+            if self._monitor is not None:
+                summary.update(self._monitor.stop().as_dict())
+            writer.update(summary=summary)
+        finally:
+            writer.finish(status, error=message)
+            if self._group is not None:
+                leave_group(*self._group)
+        if self._store:
+            from gpulens.store.background import log_finished
+
+            log_finished(writer.dir, block=False)
 
     def __enter__(self) -> Tracker:
         return self
@@ -324,8 +492,23 @@ def track(name: str | None = None, samples_per_step: int | None = None, **kwargs
 
 
 def read_tracker_summary(run_dir: Path) -> dict[str, Any] | None:
-    path = Path(run_dir) / TRACKER_FILE
+    """The tracker's summary of a run, or None where the script did not use the tracker.
+
+    Under torchrun (``tracker-rank<R>.json`` files) the ranks are combined first: call it once
+    the command has ended (as ``gpulens run`` does); it merges the ranks' steps into
+    ``series/steps.parquet`` and writes the combined ``tracker.json`` (see
+    :mod:`gpulens.workloads.tracking_ranks` for the fields). Never raises.
+    """
+    run_dir = Path(run_dir)
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+        docs = read_rank_files(run_dir)
+        if docs:
+            return finalize_ranks(run_dir, docs)
+    except Exception as exc:
+        log.warning("gpulens: could not combine the ranks' summaries in %s: %s", run_dir, exc)
+    path = run_dir / TRACKER_FILE
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
         return None
+    return doc if isinstance(doc, dict) else None
