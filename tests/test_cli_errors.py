@@ -226,3 +226,40 @@ def test_colocate_logs_its_record_to_the_store(capsys, gpulens_home, monkeypatch
     code, out, err = run_cli(capsys, "colocate", "tiny_cnn", "tiny_cnn", "--no-store", "--json")
     assert code == 0, err
     assert stored == [True, False]
+
+
+@pytest.mark.slow
+def test_ctrl_c_of_a_real_run_exits_130_with_a_killed_record(tmp_path):
+    import glob
+    import os
+    import signal
+
+    env = dict(os.environ, GPULENS_HOME=str(tmp_path))
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gpulens.cli",
+            "run",
+            "tiny_cnn",
+            "--duration",
+            "60",
+            "--device",
+            "cpu",
+            "--no-store",
+            "--json",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.time() + 60
+    while not glob.glob(str(tmp_path / "runs" / "*" / "run.json")) and time.time() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    assert json.loads(out)["error"]["type"] == "interrupted"
+    assert "interrupted (Ctrl-C)" in err
