@@ -343,3 +343,62 @@ def test_cli_time_slice_end_to_end_on_cpu_and_plan_from_store(capsys, gpulens_ho
     assert code == 0, err
     p = json.loads(out)
     assert p["measured_groups"] == 1 and p["quality"] == pytest.approx(1.0)
+
+
+# ------------------------------------------------------------------------- cmd: jobs
+def test_a_cmd_job_that_cannot_start_is_a_usage_error_before_anything_runs(capsys, gpulens_home):
+    with pytest.raises(UsageError, match="nonexistent_cmd_xyz.*PATH"):
+        ColocateConfig(jobs=[parse_job("cmd:nonexistent_cmd_xyz"), parse_job("cmd:true")])
+    with pytest.raises(UsageError, match="does not exist"):
+        ColocateConfig(jobs=[parse_job("cmd:./no/such/script.sh"), parse_job("cmd:true")])
+    code, out, err = run_cli(
+        capsys, "colocate", "cmd:nonexistent_cmd_xyz", "cmd:true", "--device", "cpu"
+    )
+    assert code == 2
+    assert "nonexistent_cmd_xyz" in err and "internal error" not in err
+    assert not (gpulens_home / "runs").exists() or not any((gpulens_home / "runs").iterdir())
+
+
+def test_a_failing_cmd_job_fails_its_runs_and_the_experiment(tmp_path):
+    import sys
+
+    from gpulens.experiments.colocate import run_colocate
+    from gpulens.record.reader import read_record
+
+    bad = (
+        f"cmd:{sys.executable} -c \"import sys; sys.stderr.write('boom: no data\\n'); sys.exit(3)\""
+    )
+    config = ColocateConfig(
+        jobs=[parse_job(bad), parse_job("cmd:true")],
+        mechanisms=("time-slice",),
+        device="cpu",
+        duration_s=0.5,
+        warmup_s=0,
+    )
+    doc = run_colocate(config, tmp_path / "runs")
+    assert doc["status"] == "failed"
+    assert "nothing could be measured" in doc["error"] and "code 3" in doc["error"]
+    job = doc["jobs"][0]
+    assert job["exit_code"] == 3 and "boom: no data" in job["stderr_tail"]
+    assert "exited with code 3" in job["error"] and "boom: no data" in job["error"]
+    (result,) = doc["results"]
+    assert result["status"] == "failed" and "failed alone" in result["error"]
+    assert read_record(doc["record_dir"]).status == "failed"
+
+
+def test_colocate_record_exists_before_the_slow_start_up(tmp_path, monkeypatch):
+    """Killed while importing torch or starting NVML: a record marked killed is left."""
+    from gpulens.experiments.colocate import run_colocate
+    from gpulens.probes import environment
+    from gpulens.record.reader import list_records
+
+    def interrupted(*_a, **_k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(environment, "capture_environment", interrupted)
+    config = ColocateConfig(jobs=[parse_job("cmd:true"), parse_job("cmd:true")], device="cpu")
+    with pytest.raises(KeyboardInterrupt):
+        run_colocate(config, tmp_path / "runs")
+    (rec,) = list_records(tmp_path / "runs")
+    assert rec.status == "killed"
+    assert rec.meta["requested_config"]["jobs"][0]["command"] == ["true"]

@@ -159,3 +159,29 @@ def test_noise_that_makes_a_slower_run_faster_never_gives_negative_or_excess_sha
     shares, _ = breakdown(_Measured(2.0, 0), _Measured(1.8, 0), _Measured(1.5, 0))
     assert shares["compute"] == pytest.approx(100.0)
     assert shares["prep_stall"] == 0.0 and shares["fetch_stall"] == 0.0
+
+
+def test_rendezvous_listens_on_the_loopback_only(tmp_path):
+    """PyTorch's TCPStore server listens on every interface by default; a single-node run's
+    must listen on 127.0.0.1 only (checked on the real sockets of a gloo process group)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(
+        """
+        import json, os, psutil
+        import torch.distributed as dist
+        from gpulens.workloads.distributed import free_port, init_group, loopback_env
+        os.environ.update(loopback_env())
+        init_group("gloo", 0, 1, free_port())
+        conns = psutil.Process().net_connections(kind="inet")
+        print(json.dumps([c.laddr.ip for c in conns if c.status == psutil.CONN_LISTEN]))
+        dist.destroy_process_group()
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    listening = json.loads(out.stdout.strip().splitlines()[-1])
+    assert listening, "the process group should listen somewhere"
+    assert set(listening) <= {"127.0.0.1", "::1"}, listening

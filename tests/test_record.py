@@ -120,3 +120,20 @@ def test_sigkill_at_several_points_leaves_a_readable_killed_record(tmp_path, del
     expected_min = int(delay_s / 0.02)
     assert len(df) >= expected_min
     assert list(df["value"]) == [float(i) for i in range(len(df))]
+
+
+def test_command_record_exists_before_the_slow_start_up(tmp_path, monkeypatch):
+    """A run stopped while NVML starts or torch imports (the first seconds) leaves a record:
+    killed, with the requested command."""
+    from gpulens.launch import command
+    from gpulens.record.reader import list_records
+
+    def interrupted(*_a, **_k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(command, "describe_gpus", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        command.run_command(["true", "--epochs", "1"], tmp_path / "runs")
+    (rec,) = list_records(tmp_path / "runs")
+    assert rec.status == "killed"
+    assert rec.meta["requested_config"]["command"] == "true --epochs 1"

@@ -237,9 +237,7 @@ def test_sampler_process_ignores_ctrl_c_and_stops_quietly(tmp_path, capfd):
     assert os.getpgid(sampler.pid) != os.getpgrp()
     os.kill(sampler.pid, signal.SIGINT)
     deadline = time.monotonic() + 5
-    while m._proc.poll() is None and time.monotonic() < deadline and len(
-        w.read_series("host")
-    ) < 3:
+    while m._proc.poll() is None and time.monotonic() < deadline and len(w.read_series("host")) < 3:
         time.sleep(0.05)
     assert sampler.poll() is None, "the sampler died of SIGINT"
     overhead = m.stop()

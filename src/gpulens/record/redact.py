@@ -70,6 +70,10 @@ def redact_url(text: str) -> str:
     return text
 
 
+def _looks_like_option(arg: str) -> bool:
+    return arg.startswith("-") and arg.lstrip("-")[:1].isalpha()
+
+
 def redact_argv(argv: list[str]) -> list[str]:
     """A command line with its secrets replaced, argument by argument."""
     out: list[str] = []
@@ -77,10 +81,10 @@ def redact_argv(argv: list[str]) -> list[str]:
     for arg in argv:
         if hide_next:
             hide_next = False
-            if not arg.startswith("-") or len(arg) > 1 and not arg[1:2].isalpha():
+            if not _looks_like_option(arg):
                 out.append(REDACTED)
                 continue
-        if arg.startswith("-") and len(arg) > 1 and arg.lstrip("-")[:1].isalpha():
+        if _looks_like_option(arg):
             name, eq, value = arg.partition("=")
             if is_secret_name(name):
                 if eq:
