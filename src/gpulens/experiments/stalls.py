@@ -37,7 +37,9 @@ from typing import Any
 import numpy as np
 
 from gpulens.errors import UsageError
+from gpulens.stats import bounded_interval, rate_ci95
 from gpulens.workloads.affinity import WORKER_AFFINITIES
+from gpulens.workloads.bad_samples import SKIPPED_FILES_SHOWN
 from gpulens.workloads.prep_timing import STARVED_DATA_WAIT_FRACTION
 from gpulens.workloads.train import LOADER_PREFETCH, TrainConfig, TrainResult, run_training
 
@@ -48,6 +50,10 @@ MAX_REPEATS = 8  # runs of one kind (cached, cold) pooled at most
 Z95 = 1.96  # two-sided 95% normal quantile
 COST_MARGIN = 1.1  # a repeat may run longer than the slowest one so far
 RUN_KINDS = ("ingestion_free", "cached", "cold", "multi_gpu", "multi_gpu_socket")
+# How the fetch stall is measured: "paired" (one run alternating evicted and cached files),
+# "separate" (a cold run beside the cached one) or "auto" (paired when the cached run waits on
+# its loader, see LOADER_BOUND_DATA_WAIT).
+FETCH_DESIGNS = ("auto", "paired", "separate")
 
 
 @dataclass
@@ -71,6 +77,9 @@ class StallsConfig:
     storage_bandwidth_bytes_per_s: float | None = None
     # Loader workers where the scheduler puts them ("os") or one per physical core ("cores").
     worker_affinity: str = "os"
+    fetch_design: str = "auto"  # one of FETCH_DESIGNS
+    # Images that cannot be decoded: stop (False) or put the next readable one in their place.
+    skip_bad_samples: bool = False
 
     def __post_init__(self) -> None:
         if self.data == "synthetic":
@@ -96,6 +105,10 @@ class StallsConfig:
             )
         if self.time_budget_s <= 0:
             raise UsageError(f"--time-budget must be positive seconds, got {self.time_budget_s}")
+        if self.fetch_design not in FETCH_DESIGNS:
+            raise UsageError(
+                f"unknown fetch design '{self.fetch_design}': use one of {', '.join(FETCH_DESIGNS)}"
+            )
 
     @property
     def emulated_storage(self) -> bool:
@@ -122,9 +135,17 @@ class StallResult:
     fetch_method: str | None = None
     # The paired cold runs behind the fetch stall, when it came from them.
     fetch_paired: dict[str, Any] | None = None
+    # "paired" or "separate": how the fetch stall was measured (None: it was not).
+    fetch_design: str | None = None
+    # Bad samples skipped over all runs (skip_bad_samples; None when off).
+    skipped_samples: int | None = None
+    skipped_files: list[str] | None = None
     wall_s: float | None = None  # the whole breakdown, every run and the cache handling
 
     def as_dict(self) -> dict[str, Any]:
+        """The JSON contract. Beside each symmetric half-width, a ``[low, high]`` interval that
+        respects the quantity's range: throughputs on the log scale (always positive),
+        shares within [0, 100]."""
         return {
             "workload": self.workload,
             "device": self.device,
@@ -132,23 +153,35 @@ class StallResult:
             "all_runs": self.all_runs,
             "throughput_samples_per_s": self.throughput,
             "throughput_ci95_pct": self.throughput_ci95_pct,
+            "throughput_ci95_samples_per_s": {
+                k: rate_ci95(v, self.throughput_ci95_pct.get(k)) for k, v in self.throughput.items()
+            },
             "breakdown_pct": self.breakdown_pct,
             "breakdown_ci95_pp": self.breakdown_ci95_pp,
+            "breakdown_ci95_range_pct": {
+                k: bounded_interval(v, self.breakdown_ci95_pp.get(k))
+                for k, v in self.breakdown_pct.items()
+            },
             "fetch_method": self.fetch_method,
+            "fetch_design": self.fetch_design,
             "fetch_paired": self.fetch_paired,
             "single_run_estimate_pct": self.single_run_estimate_pct,
             "what_if": self.what_if,
             "recommendations": self.recommendations,
             "notes": self.notes,
+            "skipped_samples": self.skipped_samples,
+            "skipped_files": self.skipped_files,
             "wall_s": self.wall_s,
         }
 
 
 PAIRED_KIND = "paired_cold"
-# The cached run must wait on its loader this much of the time for the paired design (the
-# same bar at which the prep summary calls the loader the bottleneck): the loader then sets
-# the pace, and what slows the workers slows the loop by as much. Below it, the GPU's pace
-# could absorb part of a slower loader, which only a separate cold run shows.
+# The one bar for "loader-bound" in the stall breakdown: the training loop waits on its loader
+# at least this share of its time (the bar at which the prep summary calls the loader the
+# bottleneck). The loader then sets the pace, and what slows the workers slows the loop by as
+# much: the premise of the paired design (judged on the cached run) and of the fetch stall as
+# the workers' read timers see it (judged on the cold or paired runs). Below it, the GPU's
+# pace could absorb part of a slower loader, which only a separate cold run shows.
 LOADER_BOUND_DATA_WAIT = STARVED_DATA_WAIT_FRACTION
 
 
@@ -480,7 +513,8 @@ def _wait_pct(run: TrainResult) -> float:
     return 100.0 * wait / step if step and wait is not None else 0.0
 
 
-def _loader_bound(run: TrainResult) -> bool:
+def is_loader_bound(run: TrainResult) -> bool:
+    """The run waited on its loader at least ``LOADER_BOUND_DATA_WAIT`` of its time."""
     return _wait_pct(run) >= 100.0 * LOADER_BOUND_DATA_WAIT
 
 
@@ -489,7 +523,7 @@ def read_stall_from_paired(
 ) -> dict[str, Any] | None:
     """``read_stall_from_timers`` from paired cold runs: only the read part of the workers'
     extra time per cold sample (no slower decoding after a wait), as a share of the cold time
-    per sample."""
+    per sample; None (with the read times) unless every paired run was loader-bound."""
     parts = [r.summary["paired_fetch"] for r in runs if r.summary.get("paired_fetch")]
     if not parts or workers < 1 or cold_s_per_sample <= 0:
         return None
@@ -505,12 +539,13 @@ def read_stall_from_paired(
         values = [f[f"read_s_per_sample_{kind}"] for f in parts]
         return 1000.0 * float(np.average(values, weights=weights))
 
+    loader_bound = all(is_loader_bound(r) for r in runs if r.summary.get("paired_fetch"))
     return {
-        "fetch_read_pct": scale * mean,
-        "ci95_pp": scale * Z95 * math.sqrt(var),
+        "fetch_read_pct": scale * mean if loader_bound else None,
+        "ci95_pp": scale * Z95 * math.sqrt(var) if loader_bound else None,
         "read_ms_per_sample_cached": read_ms("cached"),
         "read_ms_per_sample_cold": read_ms("cold"),
-        "loader_bound": True,
+        "loader_bound": loader_bound,
         "cpu_oversubscribed": workers + 1 > (os.cpu_count() or 1),
     }
 
@@ -550,7 +585,8 @@ def read_stall_from_timers(
     cold time per sample, with its 95% CI half-width in points.
 
     It does not move with the loader's speed from run to run. It is the fetch stall while the
-    loader sets the pace (the cold runs wait on data most of the time) and reading changes
+    loader sets the pace (every cold run loader-bound: it waits on data at least
+    ``LOADER_BOUND_DATA_WAIT`` of its time; else the share is None) and reading changes
     nothing else: a worker that decodes more slowly after a storage wait makes the real stall
     larger (0.3-1.1 ms per sample in the H100 validation), and on an oversubscribed CPU a
     waiting worker leaves the CPU to the others and makes it smaller. None without prep timing
@@ -558,8 +594,7 @@ def read_stall_from_timers(
     cached, cold = _pooled_read(cached_runs), _pooled_read(cold_runs)
     if cached is None or cold is None or workers < 1 or cold_s_per_sample <= 0:
         return None
-    wait = [r.summary["phases_s"] for r in cold_runs]
-    loader_bound = all(p["step"] and p["data_wait"] > 0.5 * p["step"] for p in wait)
+    loader_bound = all(is_loader_bound(r) for r in cold_runs)
     scale = 100.0 / (workers * cold_s_per_sample)
     return {
         "fetch_read_pct": scale * (cold[0] - cached[0]) if loader_bound else None,
@@ -698,7 +733,7 @@ def _paired_summary(
                 "samples_per_s": tput,
                 "samples_per_s_ci95_pct": r.summary.get("throughput_ci95_pct"),
                 "expected_samples_per_s": expected,
-                "loader_bound": _loader_bound(r),
+                "loader_bound": is_loader_bound(r),
             }
         )
     return {
@@ -722,13 +757,14 @@ def run_stalls(
 
     say = progress or (lambda _msg: None)
     t0 = time.perf_counter()
+    preflight(config)
     files = dataset_files(config.data)
     info = describe_dataset(config.data)
     n_files = len(files)
     common = dict(
         workload=config.workload, batch_size=config.batch_size, device=config.device,
         precision=config.precision, workers=config.workers,
-        worker_affinity=config.worker_affinity,
+        worker_affinity=config.worker_affinity, skip_bad_samples=config.skip_bad_samples,
     )  # fmt: skip
     result = StallResult(workload=config.workload, device=config.device or "")
 
@@ -824,11 +860,23 @@ def run_stalls(
 
     paired: TrainResult | None = None
     t_run0 = time.perf_counter()
-    if info.get("kind") == "image_folder" and workers >= 1 and _loader_bound(cached):
+    design = choose_fetch_design(config.fetch_design, info.get("kind"), workers, cached)
+    if design == "paired":
         from gpulens.workloads.paired import split_files
 
+        if not is_loader_bound(cached):
+            result.notes.append(
+                f"paired cold run as asked (fetch design 'paired'), though the cached run waited "
+                f"on its loader only {_wait_pct(cached):.0f}% of the time (the design assumes "
+                f"at least {100 * LOADER_BOUND_DATA_WAIT:.0f}%): where the GPU sets the pace, "
+                "part of a slower loader is hidden and the fetch stall may be overstated"
+            )
         cold_files, cached_files = split_files(config.data, seed=0)
         paired = paired_pass()
+    elif info.get("kind") == "image_folder" and config.fetch_design == "separate":
+        result.notes.append(
+            "fetch stall from a separate cold run, as asked (fetch design 'separate')"
+        )
     elif info.get("kind") == "image_folder":
         result.notes.append(
             "fetch stall from a separate cold run: the cached run waited on its loader only "
@@ -984,5 +1032,78 @@ def run_stalls(
         info.get("mean_file_bytes"), prep.get("cpu_s_per_sample") if prep else None,
     )  # fmt: skip
     result.recommendations = recommend(result.breakdown_pct, result.what_if, current, workers)
+    result.fetch_design = "paired" if PAIRED_KIND in repeats else "separate" if m_cold else None
+    if config.skip_bad_samples:
+        every = [r for runs in repeats.values() for r in runs]
+        result.skipped_samples = sum(r.summary.get("skipped_samples") or 0 for r in every)
+        names = (f for r in every for f in (r.summary.get("skipped_files") or []))
+        result.skipped_files = list(dict.fromkeys(names))[:SKIPPED_FILES_SHOWN]
     result.wall_s = round(time.perf_counter() - t0, 1)
     return result
+
+
+def choose_fetch_design(
+    asked: str, dataset_kind: str | None, workers: int, cached: TrainResult
+) -> str:
+    """The fetch design to use, "paired" or "separate": the paired design needs an image
+    folder (one file per sample) and loader workers; "auto" takes it when the cached run is
+    loader-bound."""
+    if dataset_kind != "image_folder" or workers < 1 or asked == "separate":
+        return "separate"
+    return "paired" if asked == "paired" or is_loader_bound(cached) else "separate"
+
+
+def preflight(config: StallsConfig) -> dict[str, Any]:
+    """Check everything the runs need before the first one starts, so that a bad option fails
+    in a second, not after minutes of runs: the workload, the device, precision and batch size
+    on it, the GPUs for ``gpus`` > 1, the dataset (readable, holds one batch, fits the model)
+    and the fetch design. Returns the effective config a cached run would get."""
+    import torch
+
+    from gpulens.workloads.datasets import build_dataset
+    from gpulens.workloads.devices import resolve_device
+    from gpulens.workloads.models import get_workload
+    from gpulens.workloads.train import resolve_config
+
+    spec = get_workload(config.workload)
+    device = resolve_device(config.device)
+    cfg = TrainConfig(
+        workload=config.workload,
+        batch_size=config.batch_size,
+        device=config.device,
+        precision=config.precision,
+        workers=config.workers,
+        data=config.data,
+        worker_affinity=config.worker_affinity,
+        prep_timing=True,
+        storage_latency_s=config.storage_latency_s,
+        storage_bandwidth_bytes_per_s=config.storage_bandwidth_bytes_per_s,
+        skip_bad_samples=config.skip_bad_samples,
+    )
+    eff = resolve_config(cfg, spec, device)
+    if config.gpus > 1 and device.type != "cpu":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count < config.gpus:
+            have = f"has {count}" if count else "has none visible (see `gpulens doctor`)"
+            raise UsageError(
+                f"--gpus {config.gpus} needs {config.gpus} GPUs and this machine {have}: "
+                + (f"use --gpus {count}, or " if count > 1 else "")
+                + f"use --device cpu to run {config.gpus} CPU processes (gloo) instead"
+            )
+    dataset = build_dataset(spec, config.data, n_synthetic=0)
+    if len(dataset) < eff["batch_size"]:
+        raise UsageError(
+            f"dataset {config.data} has {len(dataset)} samples, fewer than one batch of "
+            f"{eff['batch_size']}: make more data or lower --batch-size"
+        )
+    if config.fetch_design == "paired":
+        from gpulens.workloads.datasets import TokenFileDataset
+
+        if isinstance(dataset, TokenFileDataset):
+            raise UsageError(
+                "--fetch-design paired needs an image folder (one file per sample): use "
+                "--fetch-design separate (or auto) for a token file"
+            )
+        if eff["workers"] < 1:
+            raise UsageError("--fetch-design paired needs loader workers: give --workers 1 or more")
+    return eff

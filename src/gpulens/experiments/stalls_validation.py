@@ -149,7 +149,7 @@ def validate(
     (%), their differences (points) and the measurement's own 95% CI half-widths (points).
 
     Each training run lasts ``steps`` measured steps or, with ``duration_s``, that long."""
-    from gpulens.experiments.stalls import _measured, breakdown
+    from gpulens.experiments.stalls import _measured, breakdown, is_loader_bound
     from gpulens.workloads.datasets import dataset_files
     from gpulens.workloads.loader_bench import measure_loader
     from gpulens.workloads.pagecache import warm
@@ -216,8 +216,7 @@ def validate(
                 row[f"{key}_ci95_pp"] = ci_pp[part]
                 row[f"{key}_error_pp"] = measured[part] - expected[part]
             row.update(
-                loader_bound_cold=cold.summary["phases_s"]["data_wait"]
-                > 0.5 * cold.summary["phases_s"]["step"],
+                loader_bound_cold=is_loader_bound(cold),
                 free_run=free.run_id,
                 cached_run=cached.run_id,
                 cold_run=cold.run_id,
