@@ -616,7 +616,8 @@ def workloads(json_out: bool = typer.Option(False, "--json", help="Print one JSO
         )
         return
     for w in specs:
-        out.print(f"{w.name:<20} {w.task:<22} batch {w.default_batch_size:<4} {w.input_shape}")
+        line = f"{w.name:<20} {w.task:<22} batch {w.default_batch_size:<4} {w.input_shape}"
+        out.print(Text(line), highlight=False)
 
 
 # -------------------------------------------------------------------------------------- data
@@ -652,8 +653,11 @@ def data_make(
     else:
         count = info["n_tokens"] if kind == "tokens" else info["n"]
         out.print(
-            f"made {count:,} {kind} in {info['path']} "
-            f"({info['total_bytes'] / 2**20:,.1f} MiB, {info['elapsed_s']:.1f} s)"
+            Text(
+                f"made {count:,} {kind} in {info['path']} "
+                f"({info['total_bytes'] / 2**20:,.1f} MiB, {info['elapsed_s']:.1f} s)"
+            ),
+            soft_wrap=True,
         )
 
 

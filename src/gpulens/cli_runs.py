@@ -360,7 +360,7 @@ def sync(
     results = sync_all(tracking_uri=tracking_uri, experiment=experiment, on_record=progress)
     synced = [{"run_id": rid, "mlflow_run_id": res} for rid, res in results if isinstance(res, str)]
     failed = [
-        {"run_id": rid, "error": str(res) or type(res).__name__}
+        {"run_id": rid, "error": str(res).strip() or type(res).__name__}
         for rid, res in results
         if not isinstance(res, str)
     ]

@@ -165,7 +165,9 @@ def render_command_summary(console: Console, result) -> None:
     console.print(f"CPU: {_fmt(host.get('proc_tree_cpu_pct'), '% of one core')} for the command")
     sampler = sampler_cpu_pct(s)
     if sampler is not None:
-        console.print(f"sampler CPU: {sampler:.2f}% of one core")
+        console.print(f"sampler CPU (share of one core): {sampler:.2f}%")
+    if s.get("tracking_us_per_step") is not None:
+        console.print(f"gpulens time per step: {s['tracking_us_per_step']:,.1f} µs")
     console.print(Text(f"record {result.record_dir}", style="dim"), soft_wrap=True)
 
 
@@ -199,7 +201,7 @@ def render_stalls(console: Console, doc: dict[str, Any], width: int = 60) -> Non
         value = shares.get(name)
         if value:
             bar += f"[{color}]" + "█" * max(1, round(width * value / 100)) + f"[/{color}]"
-    on = f" on {doc['device']}" if doc.get("device") else ""
+    on = f" on {escape(str(doc['device']))}" if doc.get("device") else ""
     what = escape(str(doc["workload"]))  # a command line may hold [brackets]
     console.print(f"[bold]Where the time of {what}{on} goes[/bold]", highlight=False)
     console.print(bar)
