@@ -246,3 +246,16 @@ def test_sampler_process_ignores_ctrl_c_and_stops_quietly(tmp_path, capfd):
     assert overhead.samples > 0
     err = capfd.readouterr().err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err
+
+
+def test_sampler_cpu_share_is_over_its_own_sampling_time(tmp_path):
+    """A command shorter than the sampler's first sample showed 4173% of one core."""
+    from gpulens.probes.monitor import MonitorOverhead, ProbeSpec
+
+    d = MonitorOverhead(samples=2, cpu_s=0.04, wall_s=0.001, isolated=True, sampler_wall_s=0.05)
+    assert d.as_dict()["sampler_cpu_pct_of_core"] == pytest.approx(80.0)
+    w = RunWriter(tmp_path, kind="command")
+    with Monitor(w, [ProbeSpec("host")], hz=10) as m:
+        pass  # a command that ends at once
+    w.finish()
+    assert 0 <= m.overhead().as_dict()["sampler_cpu_pct_of_core"] <= 100

@@ -92,7 +92,7 @@ class ColocateConfig:
         self.jobs = unique_names(list(self.jobs))
         for job in self.jobs:
             if job.kind == "cmd":
-                check_command(list(job.command), what=f"the command of job 'cmd:{job.name}'")
+                check_command(list(job.command), what=f"cmd: job {job.name}")
         bad = [m for m in self.mechanisms if m not in MECHANISMS]
         if bad or not self.mechanisms:
             raise UsageError(

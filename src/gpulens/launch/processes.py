@@ -58,24 +58,24 @@ T = TypeVar("T")
 
 
 # ----------------------------------------------------------------------------- commands
-def check_command(argv: list[str], what: str = "the command") -> None:
+def check_command(argv: list[str], what: str = "command") -> None:
     """A usage error, before anything runs, when ``argv[0]`` cannot be started."""
     if not argv or not argv[0]:
-        raise UsageError(f"{what} is empty: give a program and its arguments")
+        raise UsageError(f"{what}: the command is empty: give a program and its arguments")
     program = argv[0]
     if os.sep in program:
         path = Path(program)
         if not path.exists():
-            raise UsageError(f"{what} '{program}' does not exist: check the path")
+            raise UsageError(f"{what}: '{program}' does not exist: check the path")
         if path.is_dir() or not os.access(path, os.X_OK):
             raise UsageError(
-                f"{what} '{program}' is not an executable file: "
+                f"{what}: '{program}' is not an executable file: "
                 f"run it through its interpreter (e.g. python {program}) or chmod +x it"
             )
         return
     if shutil.which(program) is None:
         raise UsageError(
-            f"{what} '{program}' was not found on PATH: check its spelling, install it, "
+            f"{what}: '{program}' was not found on PATH: check its spelling, install it, "
             "or give its full path"
         )
 

@@ -77,15 +77,19 @@ class MonitorOverhead:
     cpu_s: float
     wall_s: float
     isolated: bool
+    sampler_wall_s: float | None = None  # how long the sampler sampled, when it said so
 
     def as_dict(self) -> dict[str, Any]:
+        sampling_s = self.sampler_wall_s or self.wall_s
         return {
             "monitor_samples": self.samples,
             "monitor_cpu_s": round(self.cpu_s, 4),
             "monitor_mean_sample_cost_ms": round(1000 * self.cpu_s / max(self.samples, 1), 3),
-            "monitor_achieved_hz": round(self.samples / self.wall_s, 2) if self.wall_s else 0.0,
-            "sampler_cpu_pct_of_core": round(100 * self.cpu_s / self.wall_s, 3)
-            if self.wall_s
+            "monitor_achieved_hz": round(self.samples / sampling_s, 2) if sampling_s else 0.0,
+            # over the sampler's own sampling time: a run shorter than its first sample
+            # would otherwise show many cores' worth
+            "sampler_cpu_pct_of_core": round(100 * self.cpu_s / sampling_s, 3)
+            if sampling_s
             else None,
             "monitor_isolated_process": self.isolated,
         }
@@ -149,6 +153,7 @@ class Monitor:
         self._result: tuple[int, float] = (0, 0.0)
         self._t0 = 0.0
         self._wall_s = 0.0
+        self._sampler_wall_s: float | None = None
         self.unsupported: dict[str, str] = {}
 
     # --- thread mode ----------------------------------------------------------------------
@@ -233,6 +238,7 @@ class Monitor:
             done = self._read_message(30.0)
             if done and "done" in done:
                 self._result = (done["done"]["samples"], done["done"]["cpu_s"])
+                self._sampler_wall_s = done["done"].get("wall_s")
             else:
                 log.warning("the sampler process ended without a report; its series are kept")
             try:
@@ -245,7 +251,13 @@ class Monitor:
     def overhead(self) -> MonitorOverhead:
         wall = self._wall_s or (time.monotonic() - self._t0)
         samples, cpu_s = self._result
-        return MonitorOverhead(samples=samples, cpu_s=cpu_s, wall_s=wall, isolated=self.isolated)
+        return MonitorOverhead(
+            samples=samples,
+            cpu_s=cpu_s,
+            wall_s=wall,
+            isolated=self.isolated,
+            sampler_wall_s=self._sampler_wall_s,
+        )
 
     def __enter__(self) -> Monitor:
         return self.start()

@@ -3,7 +3,7 @@
 Protocol on stdin/stdout, one JSON object per line: it prints ``{"ready": true, "unsupported":
 {...}}`` once its probes are open, samples until it reads ``stop`` (or stdin closes because the
 parent died, or SIGTERM arrives: the parent-death signal), compacts its series and prints
-``{"done": {"samples": n, "cpu_s": s}}``.
+``{"done": {"samples": n, "cpu_s": s, "wall_s": w}}`` (``wall_s``: how long it sampled).
 
 It ignores SIGINT: a Ctrl-C in the terminal is the parent's to handle, and the parent stops the
 sampler; so Ctrl-C never prints a traceback from here. The imports wait until SIGINT is ignored.
@@ -22,6 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     import contextlib
     import json
     import threading
+    import time
 
     from gpulens.probes.monitor import ProbeSpec, build_probe, probe_unsupported, sample_loop
     from gpulens.record import schema
@@ -47,14 +48,17 @@ def main(argv: list[str] | None = None) -> int:
         stop.set()
 
     threading.Thread(target=watch_stdin, daemon=True).start()
+    t0 = time.monotonic()
     samples, cpu_s = sample_loop(probes, series, 1.0 / args.hz, stop.is_set, stop.wait)
+    wall_s = time.monotonic() - t0
     for s in series.values():
         s.close(compact=True)
     for p in probes:
         with contextlib.suppress(Exception):  # closing must not lose the report below
             p.close()
     with contextlib.suppress(BrokenPipeError, OSError, ValueError):  # the parent may be gone
-        print(json.dumps({"done": {"samples": samples, "cpu_s": cpu_s}}), flush=True)
+        done = {"samples": samples, "cpu_s": cpu_s, "wall_s": wall_s}
+        print(json.dumps({"done": done}), flush=True)
     return 0
 
 
