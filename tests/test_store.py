@@ -406,6 +406,7 @@ def test_store_status(synced, store_home, tracking_uri, monkeypatch):
     assert status["mlflow_available"] is True
     assert status["mlflow_version"]
     assert status["runs_ended"] == 4 and status["runs_synced"] == 4
+    assert status["ok"] is True and status["reachable"] is True
 
 
 def test_missing_mlflow_names_the_extra(monkeypatch, tmp_path):
@@ -423,3 +424,24 @@ def test_missing_mlflow_names_the_extra(monkeypatch, tmp_path):
     assert info.value.extra == "store"
     with pytest.raises(MissingExtraError):
         mlflow_sink.sync_all(tracking_uri=f"sqlite:///{tmp_path / 'x.db'}")
+
+
+def test_steps_of_several_ranks_become_one_metric_series_per_rank(tmp_path):
+    """A torchrun run's steps (one file, a ``rank`` column): ``steps/rank<R>/...`` metrics, not
+    two ranks' points interleaved under one key."""
+    from gpulens.workloads.tracking_ranks import RANK_STEPS_SCHEMA
+
+    w = RunWriter(tmp_path / "runs", kind="script", run_id="ranks-run")
+    steps = w.series("steps", RANK_STEPS_SCHEMA)
+    t0 = time.time()
+    for rank in (0, 1):
+        for s in range(5):
+            row = {"step": s, "time_unix_s": t0 + s, "warmup": False, "samples": 8}
+            steps.append({**row, "step_time_s": 0.1 * (rank + 1), "rank": rank})
+    w.finish()
+    points = mlflow_sink.series_metrics(read_record(w.dir))
+    keys = {p[0] for p in points}
+    assert "steps/rank0/step_time_s" in keys and "steps/rank1/step_time_s" in keys
+    assert "steps/step_time_s" not in keys
+    rank1 = [p[1] for p in points if p[0] == "steps/rank1/step_time_s"]
+    assert rank1 == [0.2] * 5

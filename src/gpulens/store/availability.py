@@ -44,7 +44,7 @@ MLFLOW_HTTP_ENV = {
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "30",
 }
 _DB_PORTS = {"postgresql": 5432, "postgres": 5432, "mysql": 3306, "mssql": 1433}
-_SYNC_HINT = "the record is kept locally: `gpulens runs sync` logs it once the store is back"
+_SYNC_HINT = "`gpulens runs sync` logs it later"
 
 
 class StoreUnavailableError(RuntimeFailure):
@@ -188,6 +188,8 @@ def check_store(uri: str, timeout_s: float = REACHABILITY_TIMEOUT_S) -> Reachabi
     """One quick look at the tracking URI (at most ``timeout_s``); never raises."""
     scheme = uri.split(":", 1)[0].lower() if ":" in uri else ""
     base = scheme.split("+", 1)[0]
+    if uri.lower().startswith("databricks"):  # "databricks", "databricks-uc", "databricks://p"
+        return Reachability(uri, None, True, "not checked (Databricks)")
     if scheme in ("http", "https"):
         return _check_http(uri, timeout_s)
     if scheme == "sqlite":

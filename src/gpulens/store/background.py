@@ -10,7 +10,7 @@ record on disk is complete either way. MLflow is imported inside the thread, onl
 installed: importing this module costs nothing.
 
 ``GPULENS_STORE=0`` (or ``off``/``false``/``no``) turns automatic logging off;
-``GPULENS_STORE_WAIT_S`` sets the default budget (20 s).
+``GPULENS_STORE_WAIT_S`` sets the default budget (30 s).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 STORE_ENV = "GPULENS_STORE"
 WAIT_ENV = "GPULENS_STORE_WAIT_S"
-DEFAULT_BUDGET_S = 20.0
+DEFAULT_BUDGET_S = 30.0
 SYNC_HINT = "the record is kept locally; `gpulens runs sync` logs it later"
 
 LOGGED = "logged"
@@ -166,7 +166,7 @@ def log_finished(
     experiment: str | None = None,
 ) -> StoreOutcome:
     """Log an ended record to the store, best effort: never raises, never holds the caller
-    longer than ``budget_s`` (default ``GPULENS_STORE_WAIT_S`` or 20 s; the reachability check
+    longer than ``budget_s`` (default ``GPULENS_STORE_WAIT_S`` or 30 s; the reachability check
     inside takes at most 2 s of it).
 
     ``block=True`` waits here for the outcome (at most ``budget_s``); ``block=False`` returns

@@ -9,7 +9,7 @@
 Under ``gpulens run -- python train.py`` the steps go into the run that gpulens made (it already
 monitors the GPU and host); run on its own, the script gets a run record and monitor of its own,
 which is logged to the store (MLflow) in the background when the tracker closes (the process
-waits for it at most ``GPULENS_STORE_WAIT_S``, 20 s, at exit; ``track(store=False)`` or
+waits for it at most ``GPULENS_STORE_WAIT_S``, 30 s, at exit; ``track(store=False)`` or
 ``GPULENS_STORE=0`` turns that off).
 
 Under torchrun (``WORLD_SIZE`` > 1) every rank tracks its own steps into one run: per-rank
