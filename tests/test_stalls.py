@@ -387,3 +387,103 @@ def test_ci_uses_the_gpus_step_times_when_the_host_runs_ahead():
     assert ci_step_times(cpu_rows) == host
     lagging = [dict(r, gpu_step_time_s=None) if i > 50 else r for i, r in enumerate(rows)]
     assert ci_step_times(lagging) == host
+
+
+# ------------------------------------------------------------------ checks before the first run
+@pytest.fixture()
+def no_runs(monkeypatch):
+    """Any run started fails the test: every check must come before the first run."""
+    from gpulens.experiments import stalls
+
+    def refuse(*_args, **_kwargs):
+        raise AssertionError("a run started before the options were checked")
+
+    monkeypatch.setattr(stalls, "run_training", refuse)
+
+
+def _fake_cuda(monkeypatch, count: int) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: count > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+
+
+@pytest.mark.parametrize(
+    ("gpus_here", "message"),
+    [
+        (0, "--gpus 2 needs 2 GPUs and this machine has none visible"),
+        (1, "--gpus 2 needs 2 GPUs and this machine has 1: leave out --gpus, or use --device cpu"),
+    ],
+)
+def test_stalls_with_more_gpus_than_the_machine_fails_before_any_run(
+    capsys, jpegs, monkeypatch, no_runs, gpus_here, message
+):
+    _fake_cuda(monkeypatch, gpus_here)
+    code = main(["stalls", "tiny_cnn", "--data", str(jpegs), "--gpus", "2", "--no-store"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert message in err and "Traceback" not in err
+
+
+def test_stalls_with_two_gpus_and_four_present_passes_the_checks(jpegs, monkeypatch):
+    from gpulens.experiments.stalls import StallsConfig, preflight
+
+    _fake_cuda(monkeypatch, 4)
+    eff = preflight(StallsConfig("tiny_cnn", str(jpegs), gpus=2, workers=1))
+    assert eff["device"] == "cuda:0" and eff["workers"] == 1
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"precision": "fp16", "device": "cpu"}, "fp16 training needs a GPU"),
+        ({"device": "cuda:3"}, "device cuda:3 does not exist"),
+        ({"device": "tpu"}, "unknown device 'tpu'"),
+        ({"batch_size": 1000, "device": "cpu"}, "fewer than one batch of 1000"),
+        ({"workers": -1, "device": "cpu"}, "--workers must be zero or more"),
+        ({"fetch_design": "paired", "workers": 0, "device": "cpu"}, "needs loader workers"),
+        ({"workload": "nope", "device": "cpu"}, "unknown workload 'nope'"),
+    ],
+)
+def test_stalls_options_are_checked_before_any_run(jpegs, monkeypatch, no_runs, kw, message):
+    from gpulens.errors import UsageError
+    from gpulens.experiments.stalls import StallsConfig, run_stalls
+
+    _fake_cuda(monkeypatch, 1)
+    config = StallsConfig(**{"workload": "tiny_cnn", "data": str(jpegs), **kw})
+    with pytest.raises(UsageError, match=message):
+        run_stalls(config, jpegs.parent / "runs")
+
+
+def test_stalls_paired_design_on_tokens_and_bad_data_fail_before_any_run(tmp_path, no_runs):
+    from gpulens.errors import UsageError
+    from gpulens.experiments.stalls import StallsConfig, run_stalls
+    from gpulens.workloads.datagen import make_tokens
+
+    make_tokens(tmp_path / "tok", 5000, vocab_size=8192)
+    config = StallsConfig("gpt2_tiny", str(tmp_path / "tok"), device="cpu", fetch_design="paired")
+    with pytest.raises(UsageError, match="needs an image folder"):
+        run_stalls(config, tmp_path / "runs")
+    (tmp_path / "tok" / "tokens.bin").write_bytes(b"\x00" * 100)  # shorter than tokens.json says
+    with pytest.raises(UsageError, match="tokens.json says 5000"):
+        run_stalls(StallsConfig("gpt2_tiny", str(tmp_path / "tok"), device="cpu"), tmp_path)
+    (tmp_path / "flat.txt").write_text("x")
+    with pytest.raises(UsageError, match="is a file, not a folder"):
+        run_stalls(StallsConfig("tiny_cnn", str(tmp_path / "flat.txt"), device="cpu"), tmp_path)
+    with pytest.raises(UsageError, match="unknown fetch design 'both'"):
+        StallsConfig("tiny_cnn", str(tmp_path), fetch_design="both")
+
+
+def test_the_fetch_design_follows_the_request_and_else_the_loader():
+    from gpulens.experiments.stalls import choose_fetch_design
+    from gpulens.workloads.train import TrainResult
+
+    def cached(wait_fraction: float) -> TrainResult:
+        return TrainResult("c", None, {"phases_s": {"step": 1.0, "data_wait": wait_fraction}})
+
+    assert choose_fetch_design("auto", "image_folder", 2, cached(0.5)) == "paired"
+    assert choose_fetch_design("auto", "image_folder", 2, cached(0.01)) == "separate"
+    assert choose_fetch_design("paired", "image_folder", 2, cached(0.01)) == "paired"
+    assert choose_fetch_design("separate", "image_folder", 2, cached(0.9)) == "separate"
+    assert choose_fetch_design("auto", "token_file", 2, cached(0.9)) == "separate"
+    assert choose_fetch_design("auto", "image_folder", 0, cached(0.9)) == "separate"

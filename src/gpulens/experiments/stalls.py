@@ -1081,13 +1081,14 @@ def preflight(config: StallsConfig) -> dict[str, Any]:
         skip_bad_samples=config.skip_bad_samples,
     )
     eff = resolve_config(cfg, spec, device)
-    if config.gpus > 1 and device.type != "cpu":
+    # The N-GPU runs use cuda:0..N-1 unless --device cpu (CPU processes over gloo).
+    if config.gpus > 1 and (config.device or "").strip().lower() != "cpu":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count < config.gpus:
             have = f"has {count}" if count else "has none visible (see `gpulens doctor`)"
             raise UsageError(
                 f"--gpus {config.gpus} needs {config.gpus} GPUs and this machine {have}: "
-                + (f"use --gpus {count}, or " if count > 1 else "")
+                + (f"use --gpus {count}, or " if count > 1 else "leave out --gpus, or ")
                 + f"use --device cpu to run {config.gpus} CPU processes (gloo) instead"
             )
     dataset = build_dataset(spec, config.data, n_synthetic=0)
