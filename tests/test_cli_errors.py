@@ -263,3 +263,13 @@ def test_ctrl_c_of_a_real_run_exits_130_with_a_killed_record(tmp_path):
     assert proc.returncode == 130, err[-2000:]
     assert json.loads(out)["error"]["type"] == "interrupted"
     assert "interrupted (Ctrl-C)" in err
+
+
+def test_main_reads_its_own_arguments_not_sys_argv(capsys, gpulens_home, monkeypatch):
+    """`--` in main(argv) means a command follows, whatever sys.argv holds (in-process calls)."""
+    monkeypatch.setattr(sys, "argv", ["pytest"])
+    code, _, err = run_cli(capsys, "run", "--no-store", "--", "no-such-program-xyz")
+    assert code == 1 and "could not start 'no-such-program-xyz'" in err
+    monkeypatch.setattr(sys, "argv", ["gpulens", "--"])
+    code, _, err = run_cli(capsys, "run", "no-such-program-xyz")
+    assert code == 2 and "unknown workload 'no-such-program-xyz'" in err

@@ -38,7 +38,13 @@ app.add_typer(data_app, name="data")
 
 out = Console()
 err = Console(stderr=True)
-_state = {"debug": False}
+# ``args``: the arguments main() was given (not sys.argv: main(argv) is called in-process too).
+_state: dict[str, Any] = {"debug": False, "args": []}
+
+
+def _after_dashes() -> bool:
+    """Whether the command line has a `--` (what follows is a command to run)."""
+    return "--" in _state["args"]
 
 
 def _print_version(value: bool) -> None:
@@ -219,11 +225,11 @@ def run(
     if not target:
         raise UsageError("give a workload (see `gpulens workloads`) or a command after --")
     known = {w.name for w in list_workloads()}
-    is_command = "--" in sys.argv[1:] or len(target) > 1 or target[0] not in known
+    is_command = _after_dashes() or len(target) > 1 or target[0] not in known
     if (
         is_command
         and len(target) == 1
-        and "--" not in sys.argv[1:]
+        and not _after_dashes()
         and shutil.which(target[0]) is None
         and not Path(target[0]).exists()
     ):
@@ -389,7 +395,7 @@ def stalls(
     runnable = shutil.which(target[0]) is not None or Path(target[0]).exists()
     if len(target) > 1 and target[0] in known and not runnable:
         raise UsageError(f"give either the workload '{target[0]}' or a command after --, not both")
-    if len(target) == 1 and target[0] not in known and not runnable and "--" not in sys.argv:
+    if len(target) == 1 and target[0] not in known and not runnable and not _after_dashes():
         raise UsageError(
             f"unknown workload '{target[0]}'; choose one of: {', '.join(sorted(known))} "
             "(or give a command after --)"
@@ -702,6 +708,7 @@ def main(argv: list[str] | None = None) -> int:
     own = _own_args(args)
     debug, json_mode = "--debug" in own, "--json" in own
     output.reset()
+    _state["args"] = args
     try:
         rv = app(args=args, prog_name="gpulens", standalone_mode=False)
     except SystemExit as exc:
