@@ -39,12 +39,13 @@ app.add_typer(data_app, name="data")
 out = Console()
 err = Console(stderr=True)
 # ``args``: the arguments main() was given (not sys.argv: main(argv) is called in-process too).
-_state: dict[str, Any] = {"debug": False, "args": []}
+_state: dict[str, Any] = {"debug": False, "args": None}
 
 
 def _after_dashes() -> bool:
     """Whether the command line has a `--` (what follows is a command to run)."""
-    return "--" in _state["args"]
+    args = _state["args"] if _state["args"] is not None else sys.argv[1:]
+    return "--" in args
 
 
 def _print_version(value: bool) -> None:
