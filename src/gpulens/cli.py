@@ -701,6 +701,12 @@ def _command_path(own: list[str]) -> str:
         return "gpulens"
 
 
+def _help_text() -> str:
+    command = typer.main.get_command(app)
+    with command.make_context("gpulens", [], resilient_parsing=True) as ctx:
+        return command.get_help(ctx)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: one line and an exit code for every error (0 ok, 1 failed, 2 usage,
     130 Ctrl-C); with --json one JSON document on stdout, an error one included; tracebacks only
@@ -710,6 +716,10 @@ def main(argv: list[str] | None = None) -> int:
     debug, json_mode = "--debug" in own, "--json" in own
     output.reset()
     _state["args"] = args
+    if not args:  # the help on stderr and exit 2, with every click version (as click >= 8.2)
+        return failure.report_failure(
+            failure.Failure(2, "give a command", help_text=_help_text()), err, json_mode
+        )
     try:
         rv = app(args=args, prog_name="gpulens", standalone_mode=False)
     except SystemExit as exc:
