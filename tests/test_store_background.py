@@ -89,6 +89,8 @@ def test_check_store_tells_each_kind_of_store_apart(tmp_path, server):
     assert check_store(server(200)).ok
     refused = check_store(server(401))
     assert refused.reachable and not refused.ok and "MLFLOW_TRACKING_TOKEN" in refused.detail
+    other = check_store(server(404))  # some web server, or a proxy, but not MLflow
+    assert other.reachable and not other.ok and "not as an MLflow tracking server" in other.detail
     fresh = check_store(f"sqlite:///{tmp_path / 'new' / 'mlflow.db'}")
     assert fresh.ok and "created at first use" in fresh.detail
     ro = tmp_path / "ro"

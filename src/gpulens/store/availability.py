@@ -142,16 +142,43 @@ def _ssl_context() -> ssl.SSLContext | None:
     return ssl.create_default_context(cafile=cafile) if cafile else None
 
 
-def _check_http(uri: str, timeout_s: float) -> Reachability:
-    shown = display_uri(uri)
-    url = uri.rstrip("/") + "/health"
+def _get(url: str, timeout_s: float) -> tuple[int, bytes]:
+    """``(HTTP status, first bytes of the body)`` of a GET; credentials in the URL become a
+    basic-auth header (urllib would take them for part of the host name)."""
+    parts = urlsplit(url)
+    request = _http_request(url)
+    if parts.username is not None:
+        host = parts.hostname or ""
+        netloc = f"{host}:{parts.port}" if parts.port else host
+        request = _http_request(urlunsplit((parts.scheme, netloc, parts.path, parts.query, "")))
+        basic = f"{parts.username}:{parts.password or ''}".encode()
+        request.add_header("Authorization", f"Basic {base64.b64encode(basic).decode()}")
     try:
         with urllib.request.urlopen(  # noqa: S310 - the user's own tracking URI, http(s) only
-            _http_request(url), timeout=timeout_s, context=_ssl_context()
+            request, timeout=timeout_s, context=_ssl_context()
         ) as response:
-            code = response.status
+            return response.status, response.read(2048)
     except urllib.error.HTTPError as exc:
-        code = exc.code
+        try:
+            body = exc.read(2048)
+        except Exception:
+            body = b""
+        return exc.code, body
+
+
+def _check_http(uri: str, timeout_s: float) -> Reachability:
+    shown = display_uri(uri)
+    base = uri.rstrip("/")
+    try:
+        code, _ = _get(base + "/health", timeout_s)
+        if code not in (401, 403) and not 200 <= code < 300:
+            # no /health (a proxy that routes only the API?): MLflow's API answers in JSON
+            api_code, body = _get(
+                base + "/api/2.0/mlflow/experiments/get-by-name?experiment_name=Default",
+                timeout_s,
+            )
+            if api_code == 200 or b"error_code" in body:
+                code = 200
     except (urllib.error.URLError, OSError, ValueError) as exc:
         return Reachability(shown, False, False, f"unreachable: {_http_reason(exc, timeout_s)}")
     if code in (401, 403):
@@ -164,7 +191,13 @@ def _check_http(uri: str, timeout_s: float) -> Reachability:
         )
     if 200 <= code < 300:
         return Reachability(shown, True, True, "the tracking server answered")
-    return Reachability(shown, True, True, f"the server answered HTTP {code} at /health")
+    return Reachability(
+        shown,
+        True,
+        False,
+        f"the server answered HTTP {code} and not as an MLflow tracking server does "
+        "(check the URI, and any proxy in between: http_proxy, no_proxy)",
+    )
 
 
 def _check_socket(uri: str, scheme: str, timeout_s: float) -> Reachability:
