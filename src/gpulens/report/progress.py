@@ -33,13 +33,17 @@ class _BarIfTotal(BarColumn):
         return Text("") if task.total is None else super().render(task)
 
 
-class _CountIfTotal(ProgressColumn):
-    """``done/total`` when the total is known, never ``0/None``."""
+class _Count(ProgressColumn):
+    """``done/total`` when the total is known, ``done`` alone when not: never ``0/None``."""
+
+    def __init__(self, unit: str = "") -> None:
+        super().__init__()
+        self.unit = f" {unit}" if unit else ""
 
     def render(self, task: Task) -> Text:
         if task.total is None:
-            return Text("")
-        return Text(f"{int(task.completed)}/{int(task.total)}")
+            return Text(f"{int(task.completed)}{self.unit}" if task.completed else "")
+        return Text(f"{int(task.completed)}/{int(task.total)}{self.unit}")
 
 
 def _seconds(value_s: float) -> str:
@@ -86,7 +90,7 @@ class ProgressReporter:
                 SpinnerColumn(),
                 TextColumn("{task.description}", markup=False),
                 _BarIfTotal(),
-                _CountIfTotal(),
+                _Count(self.unit),
                 TimeElapsedColumn(),
                 console=self.console,
                 transient=True,
