@@ -182,6 +182,14 @@ def test_stalls_of_a_command_json_contract(capfd, tmp_path, files_dir, gpulens_h
     assert doc["single_run_estimate_pct"]["data_wait"] > 30
     assert doc["single_run_estimate_pct"]["from_run"] == doc["runs"]["cached"]
     assert "workers" in doc["what_if"]  # a DataLoader: its num_workers (0) is known
+    # [low, high] beside each half-width: rates positive, shares within [0, 100]
+    for kind, rate in tput.items():
+        got = doc["throughput_ci95_samples_per_s"][kind]
+        assert got is None if rate is None else 0 < got[0] <= rate <= got[1], (kind, got)
+    for part, share in shares.items():
+        got = doc["breakdown_ci95_range_pct"][part]
+        assert got is None if share is None else 0 <= got[0] <= share <= got[1] <= 100
+    assert doc["fetch_design"] == ("separate" if doc["fetch_method"] else None)
     records = {r.run_id: r for r in list_records(gpulens_home / "runs")}
     made = [doc["runs"][k] for k in ("ingestion_free", "cached", "cold") if doc["runs"][k]]
     assert all(records[r].meta["kind"] == "stalls" for r in made)

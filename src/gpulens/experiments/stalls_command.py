@@ -202,6 +202,7 @@ def run_stalls_command(
     m_free, m_cached = _measured(free), _measured(cached)
     m_cold = _measured(cold)
     result.breakdown_pct, result.breakdown_ci95_pp = breakdown(m_free, m_cached, m_cold)
+    result.fetch_design = "separate" if m_cold is not None else None  # a script: no paired run
     if m_free.per_sample_s > m_cached.per_sample_s + m_cached.half_width_s + m_free.half_width_s:
         result.notes.append(
             "the ingestion-free run was slower than the cached run: the prep stall is shown as "
