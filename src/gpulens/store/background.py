@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from gpulens.errors import MissingExtraError
+from gpulens.errors import MissingExtraError, UsageError
 from gpulens.paths import default_tracking_uri
 from gpulens.store import mlflow_sink  # imports no MLflow: that happens in the thread
 from gpulens.store.availability import StoreUnavailableError
@@ -109,6 +109,8 @@ class _Job:
                 self._done(SKIPPED, str(exc), tracking_uri=uri)
             except StoreUnavailableError as exc:
                 self._done(UNAVAILABLE, str(exc), tracking_uri=uri)
+            except UsageError as exc:  # e.g. a record still running: says what to do itself
+                self._done(FAILED, f"not stored in MLflow: {exc}", tracking_uri=uri)
             else:
                 message = f"logged to MLflow ({uri}) as {run_id}"
                 self._done(LOGGED, message, tracking_uri=uri, mlflow_run_id=run_id)

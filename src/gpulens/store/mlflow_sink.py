@@ -33,6 +33,7 @@ from gpulens.record.reader import RunRecord, list_records, read_record
 from gpulens.record.writer import atomic_write_json, now_iso
 from gpulens.store.availability import (
     REACHABILITY_TIMEOUT_S,
+    StoreUnavailableError,
     check_store,
     is_locked_error,
     mlflow_http_limits,
@@ -479,7 +480,12 @@ def sync_all(
     ]
     if todo:
         _import_mlflow()
-        require_reachable(uri)  # once, quickly: not minutes of retries per record
+        found = check_store(uri, REACHABILITY_TIMEOUT_S)  # once, quickly: not minutes per record
+        if not found.ok:
+            raise StoreUnavailableError(
+                f"MLflow store {found.tracking_uri}: {found.detail}; nothing was synced: run "
+                "`gpulens runs sync` again once it answers"
+            )
     results: list[tuple[str, str | Exception]] = []
     for i, record in enumerate(todo):
         if on_record:
