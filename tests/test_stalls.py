@@ -487,3 +487,17 @@ def test_the_fetch_design_follows_the_request_and_else_the_loader():
     assert choose_fetch_design("separate", "image_folder", 2, cached(0.9)) == "separate"
     assert choose_fetch_design("auto", "token_file", 2, cached(0.9)) == "separate"
     assert choose_fetch_design("auto", "image_folder", 0, cached(0.9)) == "separate"
+
+
+def test_stalls_finds_an_empty_image_before_any_run(tmp_path, jpegs, no_runs):
+    import shutil
+
+    from gpulens.errors import UsageError
+    from gpulens.experiments.stalls import StallsConfig, run_stalls
+
+    root = tmp_path / "imgs"
+    shutil.copytree(jpegs, root)
+    empty = sorted(root.glob("class_003/*.jpg"))[0]
+    empty.write_bytes(b"")
+    with pytest.raises(UsageError, match=f"{empty} is empty .0 bytes.: remove it, or pass --skip"):
+        run_stalls(StallsConfig("tiny_cnn", str(root), device="cpu"), tmp_path / "runs")

@@ -1092,6 +1092,22 @@ def preflight(config: StallsConfig) -> dict[str, Any]:
                 + f"use --device cpu to run {config.gpus} CPU processes (gloo) instead"
             )
     dataset = build_dataset(spec, config.data, n_synthetic=0)
+    if hasattr(dataset, "samples") and not config.skip_bad_samples:
+        # Empty files cost one stat each to find; files that are damaged inside are found by
+        # the loader, in the cached run.
+        for path, _ in dataset.samples:
+            try:
+                size = os.stat(path).st_size
+            except OSError as exc:
+                raise UsageError(
+                    f"cannot read {path} ({exc.strerror}): fix or remove it, or pass "
+                    "--skip-bad-samples"
+                ) from None
+            if size == 0:
+                raise UsageError(
+                    f"{path} is empty (0 bytes): remove it, or pass --skip-bad-samples to put "
+                    "the next readable image in its place"
+                )
     if len(dataset) < eff["batch_size"]:
         raise UsageError(
             f"dataset {config.data} has {len(dataset)} samples, fewer than one batch of "

@@ -346,11 +346,16 @@ class TokenFileDataset(Dataset):
             return
         bad = high if high >= self.id_limit else low
         position = start + int(np.argmax(window == bad))
+        fix = (
+            f"correct vocab_size in {self.path.with_suffix('.json').name}, or remake the tokens "
+            f"with `gpulens data make tokens --vocab-size {self.id_limit}`"
+            if self.vocab_size is not None
+            else f"make the tokens with `gpulens data make tokens --vocab-size {self.id_limit}` "
+            "(or the model's tokenizer), or pick a model whose vocabulary covers them"
+        )
         raise BadSampleError(
             f"{self.path} holds token id {bad} at token {position}, outside {self.id_limit_source}"
-            f" ({self.id_limit} ids): make the tokens with `gpulens data make tokens --vocab-size "
-            f"{self.id_limit}` (or the tokenizer of the model), or pick a model whose vocabulary "
-            "covers them",
+            f" ({self.id_limit} ids): {fix}",
             path=str(self.path),
             reason=f"token id {bad} >= {self.id_limit}",
         )
@@ -526,7 +531,7 @@ def describe_dataset(path: str | os.PathLike) -> dict:
             "vocab_size": meta.get("vocab_size"),
             "dtype": meta["dtype"],
         }
-    n_files = total_bytes = 0
+    n_files = total_bytes = unreadable = 0
     classes = set()
     if p.is_dir():
         for dirpath, _, files in os.walk(p):
@@ -535,10 +540,15 @@ def describe_dataset(path: str | os.PathLike) -> dict:
                 classes.add(os.path.relpath(dirpath, p).split(os.sep)[0])
             for f in images:
                 n_files += 1
-                total_bytes += os.stat(os.path.join(dirpath, f)).st_size
+                try:
+                    total_bytes += os.stat(os.path.join(dirpath, f)).st_size
+                except OSError:  # e.g. a dangling link: the loader names it when it gets there
+                    unreadable += 1
     classes.discard(".")
     kind = "image_folder" if n_files else "unknown"
     info = {"path": str(p), "kind": kind, "n_files": n_files, "total_bytes": total_bytes}
+    if unreadable:
+        info["unreadable_files"] = unreadable
     if n_files:
         info["n_classes"] = len(classes)
         info["mean_file_bytes"] = total_bytes // n_files
