@@ -159,5 +159,6 @@ def test_compare_and_export_name_the_damaged_file(capsys, runs, tmp_path):
         capsys, "runs", "export", BAD_PARQUET, "--out", str(tmp_path / "e"), "-f", "csv"
     )
     assert code == 1 and "gpu.parquet" in err and "internal error" not in err
+    assert not (tmp_path / "e").exists()  # nothing half-written
     code, out, err = run_cli(capsys, "runs", "show", "latest", "--json")
     assert code == 0  # 'latest' is the newest readable record

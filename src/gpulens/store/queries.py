@@ -417,16 +417,19 @@ def export_run(record: RunRecord, dest: Path | str, fmt: str = "dir") -> Path:
         tmp.write_text(json.dumps(doc, default=str, allow_nan=False))
         tmp.replace(dest)
         return dest
+    # Read every series first: a damaged file stops the export before anything is written.
+    tables = {
+        name: read_series_table(record.dir / schema.SERIES_DIR / name)
+        for name in record.series_names()
+    }
     _fresh_dir(dest)
     atomic_write_json(dest / schema.RUN_FILE, json_safe(record.meta))
     trace = record.dir / schema.TRACE_FILE
     if trace.exists():
         shutil.copy2(trace, dest / schema.TRACE_FILE)
-    for name in record.series_names():
+    for name, table in tables.items():
         if fmt == "csv":
-            record.series(name).to_csv(dest / f"{name}.csv", index=False)
+            table.to_pandas().to_csv(dest / f"{name}.csv", index=False)
         else:
-            pq.write_table(
-                read_series_table(record.dir / schema.SERIES_DIR / name), dest / f"{name}.parquet"
-            )
+            pq.write_table(table, dest / f"{name}.parquet")
     return dest
