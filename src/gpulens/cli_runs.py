@@ -393,6 +393,7 @@ def sync(
             Text(
                 f"error: {len(failed)} of {len(results)} runs could not be synced to "
                 f"{tracking_uri}; fix the store and run `gpulens runs sync` again"
-            )
+            ),
+            soft_wrap=True,
         )
         raise typer.Exit(1)
