@@ -99,6 +99,9 @@ def test_doctor_names_the_store_extra(capsys, monkeypatch):
 
     real_has = capabilities._has
     monkeypatch.setattr(capabilities, "_has", lambda name: name != "mlflow" and real_has(name))
+    import gpulens.store.mlflow_sink as mlflow_sink
+
+    monkeypatch.setattr(mlflow_sink, "is_available", lambda: False)
     monkeypatch.setattr(cli, "out", Console(width=300))
     code, out, _ = run_cli(capsys, "doctor")
     assert code == 0
@@ -275,3 +278,47 @@ def test_main_reads_its_own_arguments_not_sys_argv(capsys, gpulens_home, monkeyp
     monkeypatch.setattr(sys, "argv", ["gpulens", "--"])
     code, _, err = run_cli(capsys, "run", "no-such-program-xyz")
     assert code == 2 and "unknown workload 'no-such-program-xyz'" in err
+
+
+# ------------------------------------------------------------- the CLI's store and exit paths
+def test_doctor_says_an_unreachable_store_is_not_ok(capsys, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:1")
+    t0 = time.perf_counter()
+    code, out, _ = run_cli(capsys, "doctor", "--json")
+    assert time.perf_counter() - t0 < 20  # one short check, not MLflow's retries
+    assert code == 0
+    doc = json.loads(out)
+    (store,) = [c for c in doc["checks"] if c["name"] == "store"]
+    assert store["ok"] is False and "unreachable" in store["value"]
+    assert doc["store"]["reachable"] is False
+
+
+def test_a_colocate_experiment_that_measured_nothing_exits_1(capsys):
+    bad = f'cmd:{sys.executable} -c "import sys; sys.exit(3)"'
+    code, out, err = run_cli(
+        capsys, "colocate", bad, "cmd:true", "--device", "cpu", "--mechanisms", "time-slice",
+        "--duration", "0.5", "--warmup", "0", "--no-store", "--json",
+    )  # fmt: skip
+    assert code == 1
+    doc = json.loads(out)  # exactly one document: the experiment's, with its status
+    assert doc["status"] == "failed" and "code 3" in doc["error"]
+    assert "code 3" in err
+
+
+def test_a_failed_training_run_reaches_the_store(capsys, monkeypatch):
+    """Failed and killed runs are logged like finished ones, not only after `runs sync`."""
+    import gpulens.store.background as background
+
+    logged = []
+    monkeypatch.setattr(background, "log_finished", lambda d, **_: logged.append(Path(d)) or
+                        background.StoreOutcome("skipped", "test", str(d)))  # fmt: skip
+    import gpulens.workloads.train as train
+
+    def boom(*_a, **_k):
+        raise RuntimeError("boom in the loop")
+
+    monkeypatch.setattr(train, "_train", boom)
+    code, _, err = run_cli(capsys, "run", "tiny_cnn", "--device", "cpu", "--steps", "2")
+    assert code == 1 and "boom in the loop" in err
+    (record_dir,) = logged
+    assert json.loads((record_dir / "run.json").read_text())["status"] == "failed"

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.text import Text
 
 from gpulens import __version__
-from gpulens.errors import GpulensError, UsageError
+from gpulens.errors import GpulensError, RuntimeFailure, UsageError
 from gpulens.paths import gpulens_home, runs_dir
 from gpulens.report import failure, output
 from gpulens.report.progress import ProgressReporter
@@ -131,24 +131,17 @@ def _train_json(result) -> dict[str, Any]:
     return doc
 
 
-def _store(record_dir: Path, enabled: bool) -> str | None:
-    """Log a finished record to MLflow when it is installed; the record stays local otherwise."""
-    if not enabled:
+def _store(record_dir: Path | None, enabled: bool) -> str | None:
+    """Log a record (finished, failed or killed) to MLflow when it is installed; bounded wait,
+    never raises: a store that is down leaves the record local for `gpulens runs sync`."""
+    if not enabled or record_dir is None or not Path(record_dir).is_dir():
         return None
-    try:
-        from gpulens.store.mlflow_sink import is_available, log_record
+    from gpulens.store.background import log_finished
 
-        if not is_available():
-            log.info("mlflow is not installed: the record stays local (gpulens runs sync later)")
-            return None
-        from gpulens.record.reader import read_record
-
-        return log_record(read_record(record_dir))
-    except GpulensError as exc:
-        _warn("not stored in MLflow: ", f"{exc} (the record is kept locally)")
-    except Exception as exc:  # the store must never lose a measured run
-        _warn("not stored in MLflow: ", f"{exc}; run `gpulens runs sync` later")
-    return None
+    outcome = log_finished(record_dir)
+    if outcome.status in ("unavailable", "failed", "pending"):
+        _warn("not stored in MLflow: ", outcome.message)
+    return outcome.mlflow_run_id
 
 
 def _train(config, store: bool, kind: str = "train", label: str = "run"):
@@ -160,7 +153,11 @@ def _train(config, store: bool, kind: str = "train", label: str = "run"):
         def on_step(step: int, total: int | None, elapsed_s: float, _info) -> None:
             progress.count(step, total, what)
 
-        result = run_training(config, runs_dir(), progress=on_step, kind=kind)
+        try:
+            result = run_training(config, runs_dir(), progress=on_step, kind=kind)
+        except BaseException as exc:  # failed and killed runs reach the store too
+            _store(getattr(exc, "gpulens_record_dir", None), store)
+            raise
     _store(result.record_dir, store)
     return result
 
@@ -305,6 +302,8 @@ def _run_command(argv: list[str], sample_hz: float, name, store: bool, json_out:
                 "host": s.get("host"),
                 **_monitor_cost(s),
                 "mfu": None,
+                # under torchrun with the tracking API: per-rank and combined figures
+                **{k: s[k] for k in ("world_size", "ranks", "stragglers") if k in s},
             }
         )
     else:
@@ -544,6 +543,8 @@ def colocate(
         _emit_json(doc)
     else:
         render_colocate(out, doc)
+    if doc.get("status") == "failed":
+        raise RuntimeFailure(doc.get("error") or "the collocation experiment failed")
 
 
 # -------------------------------------------------------------------------------------- demo
@@ -593,12 +594,16 @@ def demo(
     short_help="What this machine can measure, and how to enable the rest.",
 )
 def doctor(json_out: bool = typer.Option(False, "--json", help="Print one JSON document.")) -> None:
-    from gpulens.probes.capabilities import checks_as_dict, run_checks
+    from gpulens.probes.capabilities import Check, checks_as_dict, run_checks
     from gpulens.report.terminal import render_checks
+    from gpulens.store.mlflow_sink import store_status
 
     checks = run_checks()
+    st = store_status()  # one request of at most 2 s: says whether the store answers
+    store_check = Check("store", st["ok"], f"{st['tracking_uri']}: {st['detail']}", st["hint"])
+    checks = [store_check if c.name == "store" else c for c in checks]
     if json_out:
-        _emit_json(checks_as_dict(checks))
+        _emit_json({**checks_as_dict(checks), "store": st})
     else:
         render_checks(out, checks)
 
