@@ -214,7 +214,12 @@ def test_stalls_cli_json_contract_with_a_paired_cold_run(capsys, jpegs, monkeypa
     paired = doc["fetch_paired"]
     assert doc["runs"]["cold"] is None and doc["runs"]["paired_cold"]
     assert doc["all_runs"]["paired_cold"][-1] == doc["runs"]["paired_cold"]
-    assert 19.5 < paired["fetch_ms_per_sample"] < 30.0, paired  # 20 ms shared by 1 worker
+    # 20 ms per cold file, shared by 1 worker: the emulated delay includes the real read, so
+    # the extra is 20 ms less the cached read it replaces (up to ~1.5 ms on a loaded machine),
+    # give or take the decoding noise the pairs' interval measures
+    timers = doc["single_run_estimate_pct"]["read_stall_from_timers"]
+    floor_ms = 20.0 - timers["read_ms_per_sample_cached"] - paired["fetch_ci95_ms"] - 0.5
+    assert floor_ms < paired["fetch_ms_per_sample"] < 30.0, (paired, timers)
     # the cold time per sample is the cached one plus that stall, and the share is of it
     cold_s = 1.0 / doc["throughput_samples_per_s"]["cold"]
     cached_s = 1.0 / doc["throughput_samples_per_s"]["cached"]
