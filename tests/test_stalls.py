@@ -147,11 +147,13 @@ def test_expected_shares_follow_the_slower_side():
     assert got == pytest.approx({"compute": 100.0, "prep_stall": 0.0, "fetch_stall": 0.0})
 
 
-def _stalls_json(capsys, jpegs) -> dict:
+def _stalls_json(capsys, jpegs, fetch_design: str) -> dict:
+    """``gpulens stalls --json`` with the fetch design forced: the design never hinges on how
+    long the cached run waited on its loader, which moves with the machine's load."""
     code = main(
         ["stalls", "tiny_cnn", "--data", str(jpegs), "--workers", "1", "--batch-size", "8",
          "--device", "cpu", "--storage-latency-ms", "20", "--max-duration", "4",
-         "--no-store", "--json"]
+         "--fetch-design", fetch_design, "--no-store", "--json"]
     )  # fmt: skip
     captured = capsys.readouterr()
     assert code == 0, captured.err
@@ -196,20 +198,8 @@ def _stalls_json(capsys, jpegs) -> dict:
     return doc
 
 
-def _force_fetch_design(monkeypatch, design: str) -> None:
-    """The CLI's StallsConfig with ``fetch_design`` set: the design never hinges on how long
-    the cached run waited on its loader, which moves with the machine's load."""
-    import functools
-
-    from gpulens.experiments import stalls
-
-    forced = functools.partial(stalls.StallsConfig, fetch_design=design)
-    monkeypatch.setattr(stalls, "StallsConfig", forced)
-
-
 def test_stalls_cli_json_contract_with_a_paired_cold_run(capsys, jpegs, monkeypatch):
-    _force_fetch_design(monkeypatch, "paired")
-    doc = _stalls_json(capsys, jpegs)
+    doc = _stalls_json(capsys, jpegs, "paired")
     assert doc["fetch_design"] == "paired"
     paired = doc["fetch_paired"]
     assert doc["runs"]["cold"] is None and doc["runs"]["paired_cold"]
@@ -236,8 +226,7 @@ def test_stalls_cli_json_contract_with_a_paired_cold_run(capsys, jpegs, monkeypa
 
 
 def test_stalls_cli_json_contract_with_a_separate_cold_run(capsys, jpegs, monkeypatch):
-    _force_fetch_design(monkeypatch, "separate")
-    doc = _stalls_json(capsys, jpegs)
+    doc = _stalls_json(capsys, jpegs, "separate")
     assert doc["fetch_design"] == "separate"
     assert doc["fetch_paired"] is None and doc["runs"]["cold"]
     assert "paired_cold" not in doc["runs"]

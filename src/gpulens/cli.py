@@ -74,6 +74,11 @@ def _global(
 
 
 _DEVICE_HELP = "cuda:N or cpu [default: cuda:0 if there is a GPU, else cpu]."
+_SKIP_BAD_HELP = (
+    "Images that cannot be decoded (corrupt, truncated, empty, not an image): put the next "
+    "readable image in their place and count them (skipped_samples) instead of stopping at "
+    "the first."
+)
 
 
 def _mb_per_s_to_bytes(mb_per_s: float | None) -> float | None:
@@ -128,6 +133,9 @@ def _train_json(result) -> dict[str, Any]:
     }
     if "throughput_ci95_samples_per_s" in s:
         doc["throughput_ci95_samples_per_s"] = s.get("throughput_ci95_samples_per_s")
+    for key in ("skipped_samples", "skipped_files_total", "skipped_files"):
+        if key in s:
+            doc[key] = s[key]
     return doc
 
 
@@ -213,6 +221,7 @@ def run(
         help="Loader workers where the OS scheduler puts them ('os') or pinned one per "
         "physical core ('cores').",
     ),
+    skip_bad_samples: bool = typer.Option(False, "--skip-bad-samples", help=_SKIP_BAD_HELP),
     name: str = typer.Option(None, "--name", help="A name for the run."),
     store: bool = typer.Option(True, "--store/--no-store", help="Log the run to MLflow."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
@@ -246,6 +255,8 @@ def run(
             extra.append("--gpus/--nccl-transport")
         if worker_affinity != "os":
             extra.append("--worker-affinity")
+        if skip_bad_samples:
+            extra.append("--skip-bad-samples")
         if extra or precision != "fp32" or data != "synthetic":
             raise UsageError(
                 f"{', '.join(extra) or '--precision/--data'} apply to built-in workloads only; "
@@ -264,6 +275,7 @@ def run(
         gpus=gpus, nccl_transport=nccl_transport, ddp_bucket_mb=ddp_bucket_mb,
         worker_affinity=worker_affinity, storage_latency_s=storage_latency_ms / 1000.0,
         storage_bandwidth_bytes_per_s=_mb_per_s_to_bytes(storage_bandwidth_mbps),
+        skip_bad_samples=skip_bad_samples,
     )  # fmt: skip
     result = _train(config, store)
     if json_out:
@@ -378,6 +390,15 @@ def stalls(
     storage_bandwidth_mbps: float = typer.Option(
         None, "--storage-bandwidth-mbps", help="Emulate slow storage: MB/s per reader."
     ),
+    fetch_design: str = typer.Option(
+        "auto",
+        "--fetch-design",
+        help="How the fetch stall is measured: 'paired' (one run alternating evicted and cached "
+        "files; needs an image folder and loader workers), 'separate' (a cold run beside the "
+        "cached one) or 'auto' (paired when the cached run waits on its loader at least 20% "
+        "of the time).",
+    ),
+    skip_bad_samples: bool = typer.Option(False, "--skip-bad-samples", help=_SKIP_BAD_HELP),
     store: bool = typer.Option(True, "--store/--no-store", help="Log the runs to MLflow."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
 ) -> None:
@@ -412,6 +433,8 @@ def stalls(
             ("--time-budget", time_budget != 300.0),
             ("--worker-affinity", worker_affinity != "os"),
             ("--storage-latency-ms", storage_latency_ms != 0.0),
+            ("--fetch-design", fetch_design != "auto"),
+            ("--skip-bad-samples", skip_bad_samples),
         ) if bad]  # fmt: skip
         if extra:
             raise UsageError(
@@ -429,9 +452,14 @@ def stalls(
             max_duration_s=max_duration, time_budget_s=time_budget,
             worker_affinity=worker_affinity, storage_latency_s=storage_latency_ms / 1000.0,
             storage_bandwidth_bytes_per_s=_mb_per_s_to_bytes(storage_bandwidth_mbps),
+            fetch_design=fetch_design, skip_bad_samples=skip_bad_samples,
         )  # fmt: skip
-        with _progress("stalls") as progress:
-            result = run_stalls(config, runs_dir(), progress=progress.phase)
+        with _progress("stalls", unit="steps") as progress:
+
+            def on_step(step: int, total: int | None, _elapsed_s: float, _info) -> None:
+                progress.count(step, total)
+
+            result = run_stalls(config, runs_dir(), progress=progress.phase, on_step=on_step)
     repeated = (run_id for ids in result.all_runs.values() for run_id in ids)
     for run_id in {*result.runs.values(), *repeated}:
         if run_id:

@@ -745,9 +745,13 @@ def _paired_summary(
 
 
 def run_stalls(
-    config: StallsConfig, runs_root: Path, progress: ProgressFn | None = None
+    config: StallsConfig,
+    runs_root: Path,
+    progress: ProgressFn | None = None,
+    on_step: Callable[[int, int | None, float, dict[str, Any]], None] | None = None,
 ) -> StallResult:
-    """Make the runs the breakdown needs (all stored) and compute it."""
+    """Make the runs the breakdown needs (all stored) and compute it. ``progress`` hears each
+    phase, ``on_step`` each run's steps (as ``run_training``'s progress)."""
     import os
     import time
 
@@ -771,7 +775,7 @@ def run_stalls(
     def train(kind: str, **kw) -> TrainResult:
         say(f"{kind} run")
         cfg = TrainConfig(name=f"stalls-{config.workload}-{kind}", **{**common, **kw})
-        r = run_training(cfg, runs_root, kind="stalls")
+        r = run_training(cfg, runs_root, progress=on_step, kind="stalls")
         result.runs[kind] = r.run_id
         if kind in RUN_KINDS:
             result.throughput[kind] = r.summary["throughput_samples_per_s"]

@@ -88,6 +88,15 @@ def render_train_summary(
         share = f"  ({100 * value / step:.0f}% of step)" if value is not None and step else ""
         table.add_row(f"  {label}", _ms(value) + share)
     table.add_row("  step", _ms(step))
+    if summary.get("skipped_samples"):
+        first = ", ".join(summary.get("skipped_files") or [])
+        table.add_row(
+            "skipped samples",
+            Text(
+                f"{summary['skipped_samples']} bad samples replaced "
+                f"({summary.get('skipped_files_total')} files; first: {first})"
+            ),
+        )
     gpu = summary.get("gpu")
     if gpu:
         table.add_row("GPU", Text(str(gpu.get("name") or "")))

@@ -25,13 +25,14 @@ from typing import Any
 
 import torch
 
-from gpulens.errors import RuntimeFailure, UsageError
+from gpulens.errors import GpulensError, RuntimeFailure, UsageError
 from gpulens.launch.processes import on_lasting_thread, set_parent_death_signal
 from gpulens.probes.environment import capture_environment
 from gpulens.probes.gpu import describe_gpus
 from gpulens.probes.monitor import Monitor, ProbeSpec
 from gpulens.probes.steps import STEPS_SCHEMA, StepTimer
 from gpulens.record.writer import RunWriter
+from gpulens.workloads.bad_samples import SKIPPED_SAMPLES_FILE
 from gpulens.workloads.devices import nvml_index_for
 from gpulens.workloads.models import WorkloadSpec, get_workload
 
@@ -207,9 +208,10 @@ def _spawn_and_summarize(spec, eff, world, device0, writer, probes, nvml_indices
     result: dict[str, Any] | None = None
     peaks: dict[int, int | None] = {}
     error: str | None = None
+    error_exit_code = 1  # a rank's gpulens error keeps its exit code (2: bad input)
 
     def drain() -> None:
-        nonlocal result, error
+        nonlocal result, error, error_exit_code
         while True:
             try:
                 msg = messages.get_nowait()
@@ -223,6 +225,7 @@ def _spawn_and_summarize(spec, eff, world, device0, writer, probes, nvml_indices
                 result = msg[1]
             elif msg[0] == "error" and error is None:
                 error = msg[1]
+                error_exit_code = msg[2] if len(msg) > 2 else 1
 
     monitor = Monitor(writer, probes, hz=eff["sample_hz"])
     with monitor:
@@ -244,7 +247,8 @@ def _spawn_and_summarize(spec, eff, world, device0, writer, probes, nvml_indices
             time.sleep(0.2)
             drain()
             last = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-            raise RuntimeFailure(error or f"a training process failed: {last}") from None
+            failure = UsageError if error and error_exit_code == 2 else RuntimeFailure
+            raise failure(error or f"a training process failed: {last}") from None
         except BaseException:
             for p in procs.processes:
                 if p.is_alive():
@@ -299,7 +303,12 @@ def _rank_main(rank: int, world: int, eff: dict[str, Any], record_dir: str, port
     try:
         control = StopControl(dist.new_group(backend="gloo"))
         timing_dir = Path(record_dir) / "series" if eff["prep_timing"] and rank == 0 else None
-        prepared = prepare(spec, eff, device, timing_dir, rank, world)
+        skip_log = Path(record_dir) / SKIPPED_SAMPLES_FILE
+        try:
+            prepared = prepare(spec, eff, device, timing_dir, rank, world, skip_log=skip_log)
+        except GpulensError as exc:
+            messages.put(("error", str(exc), exc.exit_code))
+            raise
         timer = StepTimer(None, cuda=cuda, warmup_steps=0)
         last_sent = [0.0]
 
@@ -315,6 +324,9 @@ def _rank_main(rank: int, world: int, eff: dict[str, Any], record_dir: str, port
             )
         except torch.cuda.OutOfMemoryError:
             messages.put(("error", oom_message(eff["batch_size"], device)))
+            raise
+        except GpulensError as exc:  # e.g. a bad image, named by the loader
+            messages.put(("error", str(exc), exc.exit_code))
             raise
         timer.finish()
         messages.put(("peak", rank, torch.cuda.max_memory_allocated(device) if cuda else None))

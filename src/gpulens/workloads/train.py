@@ -300,21 +300,22 @@ def run_training(
     eff = resolve_config(config, spec, device)
     torch.manual_seed(config.seed)
 
-    gpus = describe_gpus()
+    # The record exists before the slow start-up (NVML, the environment, the model), so a run
+    # stopped there still leaves a record that says so.
     writer = RunWriter(
         runs_root,
         kind=kind,
         name=config.name or f"{spec.name}-{device.type}-b{eff['batch_size']}",
         requested_config=asdict(config),
-        environment=capture_environment(gpus),
     )
-    nvml_index = nvml_index_for(device)
-    probes = [ProbeSpec("host", {"root_pid": os.getpid()})]
-    if nvml_index is not None:
-        probes.insert(0, ProbeSpec("gpu", {"indices": [nvml_index]}))
-    else:
-        writer.update(unsupported={"gpu": "the run used the CPU"})
     with finishing(writer, eff["batch_size"], device):
+        writer.update(environment=capture_environment(describe_gpus()))
+        nvml_index = nvml_index_for(device)
+        probes = [ProbeSpec("host", {"root_pid": os.getpid()})]
+        if nvml_index is not None:
+            probes.insert(0, ProbeSpec("gpu", {"indices": [nvml_index]}))
+        else:
+            writer.update(unsupported={"gpu": "the run used the CPU"})
         summary = _train(spec, eff, device, writer, probes, nvml_index, progress)
     return TrainResult(writer.run_id, writer.dir, summary)
 
@@ -328,12 +329,17 @@ def finishing(writer: RunWriter, batch_size: int, device: torch.device | str):
     except torch.cuda.OutOfMemoryError as exc:
         message = oom_message(batch_size, device)
         writer.finish("failed", error=message)
-        raise RuntimeFailure(message) from exc
-    except KeyboardInterrupt:
-        writer.finish("killed", error="interrupted (Ctrl-C)")
-        raise
+        failure = RuntimeFailure(message)
+        failure.gpulens_record_dir = writer.dir
+        raise failure from exc
     except BaseException as exc:
-        writer.finish("failed", error=str(exc) or type(exc).__name__)
+        interrupted = isinstance(exc, KeyboardInterrupt)
+        writer.finish(
+            "killed" if interrupted else "failed",
+            error="interrupted (Ctrl-C)" if interrupted else str(exc) or type(exc).__name__,
+        )
+        with contextlib.suppress(AttributeError, TypeError):
+            exc.gpulens_record_dir = writer.dir  # so the caller can store what was left
         raise
     writer.finish("finished")
 
@@ -613,8 +619,10 @@ def _train(
         timer.finish()
     overhead = monitor.overhead()
     peak_mem = torch.cuda.max_memory_allocated(device) if cuda else None
+    # The sampler's CPU share, and gpulens's own time on this training thread per step.
+    costs = {**overhead.as_dict(), "tracking_us_per_step": timer.tracking_us_per_step()}
     return summarize_run(
-        spec, eff, device, writer, timer.measured_rows(), overhead.as_dict(), loop,
+        spec, eff, device, writer, timer.measured_rows(), costs, loop,
         [nvml_index] if nvml_index is not None else [], [peak_mem],
     )  # fmt: skip
 
