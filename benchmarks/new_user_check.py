@@ -343,24 +343,23 @@ def main() -> int:
             300,
         )
         doc = case.get("doc") or {}
-        case["ranks"] = (doc.get("tracker") or {}).get("ranks") if isinstance(doc, dict) else None
+        case["world_size"] = doc.get("world_size")
+        case["ranks_reported"] = len(doc.get("ranks") or [])
+        case["stragglers"] = doc.get("stragglers")
         add(case)
     if want("torchrun_standalone") and n_gpus >= 2:
-        add(
-            run_case(
-                "torchrun_standalone",
-                [
-                    sys.executable,
-                    "-m",
-                    "torch.distributed.run",
-                    "--nproc_per_node",
-                    "2",
-                    str(ROOT / "examples/train_tracked.py"),
-                ],
-                env,
-                300,
-            )
+        before = set((home / "runs").glob("*")) if (home / "runs").is_dir() else set()
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
+        case = run_case(
+            "torchrun_standalone", [*cmd, str(ROOT / "examples/train_tracked.py")], env, 300
         )
+        new = sorted(set((home / "runs").glob("*")) - before)
+        case["records"] = len(new)
+        if new:
+            meta = json.loads((new[-1] / "run.json").read_text())
+            case["record_status"] = meta.get("status")
+            case["world_size"] = (meta.get("summary") or {}).get("world_size")
+        add(case)
 
     # --- the summary's sampler figure against a measured slowdown ------------------------------
     if want("resnet50_vs_plain"):
@@ -427,6 +426,10 @@ def main() -> int:
                 "ratio_median",
                 "traceback",
                 "json_docs",
+                "world_size",
+                "ranks_reported",
+                "records",
+                "record_status",
             )
             if k in c
         }
