@@ -87,8 +87,9 @@ def test_stalls_reports_each_phase_on_stderr_with_json(capsys, tmp_path, monkeyp
         def as_dict(self):
             return {"breakdown_pct": {}}
 
-    def fake_run_stalls(config, runs_root, progress=None):
+    def fake_run_stalls(config, runs_root, progress=None, on_step=None):
         progress("ingestion_free run")
+        on_step(5, 10, 1.0, {})  # a run's steps inside its phase: no extra line off a terminal
         progress("cached run")
         return Result()
 
@@ -105,3 +106,4 @@ def test_stalls_reports_each_phase_on_stderr_with_json(capsys, tmp_path, monkeyp
     assert lines[1].startswith("stalls: ingestion_free run done in ")
     assert lines[2] == "stalls: cached run ..."
     assert lines[3].startswith("stalls: cached run done in ")
+    assert len(lines) == 4

@@ -133,6 +133,8 @@ class ProgressReporter:
         if self._phase is not None:
             self._line(f"{self._phase} done in {_seconds(self.clock() - self._phase_t0)}")
             self._phase = None
+            # counts inside a phase end with it; its "done" line already said so
+            self._count, self._count_t0 = None, None
 
     # ------------------------------------------------------------------ counts
     def count(self, done: int, total: int | None, what: str | None = None) -> None:
@@ -147,7 +149,7 @@ class ProgressReporter:
         if self._rich is not None and self._task is not None:
             self._rich.update(self._task, completed=done, total=total)
             return
-        if first:
+        if first and self._phase is None:  # inside a phase, its own line said it started
             self._line(f"{what or 'started'}: {self._count_text()}")
         elif now - self._last_line_t >= self.interval_s:
             self._last_line_t = now
