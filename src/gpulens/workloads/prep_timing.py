@@ -420,7 +420,9 @@ def summarize_prep(
         "augment": float(samples["augment_s"].fillna(0).sum()),
         "collate": float(batches["collate_s"].sum()) if len(batches) else None,
     }
-    batch_samples = int(batches["batch_samples"].sum()) if len(batches) else 0
+    batch_samples = int(batches["batch_samples"].fillna(0).sum()) if len(batches) else 0
+    if not batch_samples:  # collate rows without their batch sizes: no per-sample figure
+        totals_s["collate"] = None
     per_sample_s = {
         k: (v / (batch_samples if k == "collate" else n_samples) if v is not None else None)
         for k, v in totals_s.items()
