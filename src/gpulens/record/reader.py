@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 
 from gpulens.errors import DamagedRecordError
 from gpulens.record import schema
+from gpulens.run.result import RunResult
 
 # The status shown for a record whose run.json cannot be read (never written by a writer).
 STATUS_DAMAGED = "damaged"
@@ -35,6 +36,10 @@ class RunRecord:
     @property
     def status(self) -> str:
         return self.meta["status"]
+
+    def result(self) -> RunResult:
+        """The run as every analysis sees it: the same type a fresh run gives."""
+        return RunResult.from_dict(self.meta, self.dir)
 
     def series_names(self) -> list[str]:
         d = self.dir / schema.SERIES_DIR

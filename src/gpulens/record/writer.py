@@ -131,6 +131,7 @@ class RunWriter:
         requested_config: dict[str, Any] | None = None,
         environment: dict[str, Any] | None = None,
         run_id: str | None = None,
+        role: str | None = None,
     ):
         self.run_id = run_id or new_run_id()
         self.dir = Path(runs_root) / self.run_id
@@ -141,6 +142,7 @@ class RunWriter:
             "run_id": self.run_id,
             "name": name or self.run_id,
             "kind": kind,
+            "role": role,  # the run's part in an experiment, e.g. "stalls:cached" (or None)
             "status": schema.STATUS_RUNNING,
             "pid": proc.pid,
             "pid_create_time": proc.create_time(),

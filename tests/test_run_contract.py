@@ -1,0 +1,84 @@
+"""The run contract: one lifecycle for every run, and one result type for fresh and stored runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from gpulens.errors import RuntimeFailure
+from gpulens.record.reader import read_record
+from gpulens.run import RunResult, legacy_role, measured_run, read_result_json, role_name
+
+
+def test_a_run_ends_finished_with_its_role_and_gives_the_same_result_fresh_or_stored(tmp_path):
+    with measured_run(
+        tmp_path,
+        kind="stalls",
+        name="stalls-x-cached",
+        role=role_name("stalls", "cached"),
+        requested_config={"workload": "x"},
+        capture_environment=False,
+    ) as run:
+        run.set_effective({"workload": "x", "workers": 3})
+        run.set_summary({"throughput_samples_per_s": 100.0, "workers": 3})
+    fresh = run.result()
+    stored = read_record(run.dir).result()
+    assert fresh == stored
+    assert stored.status == "finished" and stored.role == "stalls:cached"
+    assert stored.experiment_role == "cached" and stored.loader_workers == 3
+    assert stored.throughput_samples_per_s == 100.0
+    assert RunResult.from_dict(stored.as_dict()) == stored
+    assert read_result_json(run.dir) == stored
+    with pytest.raises(TypeError):
+        stored.summary["workers"] = 4  # results are read-only views
+
+
+def test_every_way_a_run_ends_is_recorded(tmp_path):
+    with pytest.raises(KeyboardInterrupt) as caught:
+        with measured_run(tmp_path, kind="train", capture_environment=False):
+            raise KeyboardInterrupt
+    assert read_record(caught.value.gpulens_record_dir).status == "killed"
+
+    with pytest.raises(ValueError) as caught:
+        with measured_run(tmp_path, kind="train", capture_environment=False):
+            raise ValueError("bad thing")
+    rec = read_record(caught.value.gpulens_record_dir)
+    assert rec.status == "failed" and rec.meta["error"] == "bad thing"
+
+    class OutOfMemoryError(RuntimeError):
+        pass
+
+    OutOfMemoryError.__module__ = "torch.cuda"
+    with pytest.raises(RuntimeFailure, match="lower --batch-size") as caught:
+        with measured_run(tmp_path, kind="train", capture_environment=False) as run:
+            run.oom_hint = "CUDA out of memory: lower --batch-size"
+            raise OutOfMemoryError("CUDA out of memory. Tried to allocate")
+    assert read_record(caught.value.gpulens_record_dir).meta["error"].startswith("CUDA out of")
+
+    with measured_run(tmp_path, kind="command", capture_environment=False) as run:
+        run.end_as("failed", "command exited with code 3")
+    assert read_record(run.dir).status == "failed"
+
+
+def test_old_records_without_a_role_get_the_one_their_name_implies():
+    old = {"run_id": "r", "kind": "stalls", "name": "stalls-resnet50-paired_cold"}
+    assert legacy_role(old) == "stalls:paired_cold"  # not "cold"
+    assert legacy_role({**old, "name": "stalls-resnet50-cold"}) == "stalls:cold"
+    assert legacy_role({"run_id": "r", "kind": "train", "name": "x-cold"}) is None
+    result = RunResult.from_dict(old, "/tmp/r")
+    assert result.role == "stalls:paired_cold"
+
+
+def test_the_contract_imports_without_torch_or_pandas():
+    code = (
+        "import sys\n"
+        "for m in ('torch', 'pandas', 'pyarrow'): sys.modules[m] = None\n"
+        "import gpulens.run, gpulens.run.result\n"
+        "print(gpulens.run.RunResult.__name__)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert json.dumps(out.stdout.strip()) == '"RunResult"'
