@@ -82,3 +82,14 @@ def test_the_contract_imports_without_torch_or_pandas():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert json.dumps(out.stdout.strip()) == '"RunResult"'
+
+
+def test_figures_computed_after_a_run_reach_its_run_json(tmp_path):
+    from gpulens.record.writer import amend_summary
+
+    with measured_run(tmp_path, kind="stalls", capture_environment=False) as run:
+        run.set_summary({"throughput_samples_per_s": 10.0})
+    amend_summary(run.dir, paired_fetch={"extra_s_per_sample": 0.001})
+    result = read_record(run.dir).result()
+    assert result.summary["paired_fetch"]["extra_s_per_sample"] == 0.001
+    assert result.throughput_samples_per_s == 10.0

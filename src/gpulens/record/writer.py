@@ -226,3 +226,16 @@ class RunWriter:
             self.finish(schema.STATUS_KILLED, error="interrupted (Ctrl-C)")
         else:
             self.finish(schema.STATUS_FAILED, error=str(exc) or exc_type.__name__)
+
+
+def amend_summary(record_dir: Path, **fields: Any) -> dict[str, Any]:
+    """Add figures computed from an ended run's own series to its ``run.json`` summary (e.g. the
+    paired fetch stall from its prep rows), atomically; returns the new summary. Raises
+    ``ValueError`` for a run that is still running (its writer owns the file)."""
+    path = Path(record_dir) / schema.RUN_FILE
+    meta = json.loads(path.read_text())
+    if meta.get("status") == schema.STATUS_RUNNING:
+        raise ValueError(f"run {meta.get('run_id')} is still running: its writer owns run.json")
+    meta["summary"] = {**(meta.get("summary") or {}), **redact(fields)}
+    atomic_write_json(path, meta)
+    return meta["summary"]
