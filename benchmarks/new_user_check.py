@@ -313,7 +313,7 @@ def main() -> int:
                     "cmd:false",
                     "cmd:true",
                     "--mechanisms",
-                    "timeslice",
+                    "time-slice",
                     "--duration",
                     "5",
                     "--json",
