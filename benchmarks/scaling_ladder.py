@@ -29,8 +29,8 @@ from typing import Any
 
 import torch
 
-from gpulens.experiments.stalls import _measured, breakdown
 from gpulens.predict.allreduce import calibrate_scaling, fit_ring_model
+from gpulens.stalls import breakdown, measure_run
 from gpulens.workloads.distributed import free_port, transport_env
 from gpulens.workloads.models import get_workload
 from gpulens.workloads.train import TrainConfig, run_training
@@ -135,9 +135,9 @@ def ladder(workload: str, precision: str, batch: int, counts: list[int], duratio
         if row["scaling"] == "weak" and n > 1 and row["transport"] == "default":
             socket_row = by_key.get((n, "socket", "weak"))
             shares, cis = breakdown(
-                _measured(one["_result"]), _measured(one["_result"]), None,
-                _measured(row["_result"]),
-                _measured(socket_row["_result"]) if socket_row else None,
+                measure_run(one["_result"]), measure_run(one["_result"]), None,
+                measure_run(row["_result"]),
+                measure_run(socket_row["_result"]) if socket_row else None,
             )  # fmt: skip
             row["breakdown_pct"] = {
                 k: shares[k] for k in ("compute", "interconnect_stall", "network_stall")

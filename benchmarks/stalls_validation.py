@@ -3,7 +3,7 @@
 Injects storage latency at several levels (the dataset reader's slow-storage emulation) and
 limits the loader workers, then compares the compute, prep and fetch shares that the breakdown
 reports with those expected from the injected delays (see
-``gpulens.experiments.stalls_validation``). Target: within 3 percentage points. With
+``gpulens.stalls.validation``). Target: within 3 percentage points. With
 ``--paired`` each cell also gets the paired cold run that ``gpulens stalls`` uses when the
 loop waits on its loader, and the headline (``max_error_pp``) is that design's largest error
 against the delay as configured; without it, the separate cold run's.
@@ -27,7 +27,7 @@ import time
 from datetime import date
 from pathlib import Path
 
-from gpulens.experiments.stalls_validation import validate
+from gpulens.stalls.validation import validate
 
 
 def main() -> int:

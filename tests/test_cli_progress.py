@@ -78,7 +78,7 @@ def test_a_terminal_shows_no_zero_of_none():
 
 
 def test_stalls_reports_each_phase_on_stderr_with_json(capsys, tmp_path, monkeypatch):
-    import gpulens.experiments.stalls as stalls
+    import gpulens.stalls as stalls
 
     class Result:
         runs = {"ingestion_free": None}

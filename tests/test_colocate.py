@@ -383,7 +383,8 @@ def test_a_failing_cmd_job_fails_its_runs_and_the_experiment(tmp_path):
     assert "exited with code 3" in job["error"] and "boom: no data" in job["error"]
     (result,) = doc["results"]
     assert result["status"] == "failed" and "failed alone" in result["error"]
-    assert read_record(doc["record_dir"]).status == "failed"
+    stored = read_record(doc["record_dir"])
+    assert stored.status == "failed" and stored.result().role == "colocate:experiment"
 
 
 def test_colocate_record_exists_before_the_slow_start_up(tmp_path, monkeypatch):

@@ -9,9 +9,9 @@ import pytest
 
 from gpulens.cli import main
 from gpulens.errors import UsageError
-from gpulens.experiments.stalls import _Measured, breakdown, recommend
 from gpulens.predict.allreduce import RingModel, calibrate_scaling, ddp_buckets, fit_ring_model
 from gpulens.record.reader import read_record, read_series_table
+from gpulens.stalls import Measured, breakdown, recommend
 from gpulens.workloads.distributed import parse_nccl_transports, transport_env
 from gpulens.workloads.train import EndlessShuffle, TrainConfig, run_training
 
@@ -90,8 +90,8 @@ def test_cli_gpus_without_gpus_names_the_cpu_fallback(capsys, monkeypatch):
 
 
 def test_multi_gpu_breakdown_adds_the_communication_excess():
-    free, cached, cold = _Measured(1.0, 0.01), _Measured(1.5, 0.0), _Measured(2.0, 0.0)
-    multi, socket = _Measured(1.5, 0.02), _Measured(2.5, 0.0)
+    free, cached, cold = Measured(1.0, 0.01), Measured(1.5, 0.0), Measured(2.0, 0.0)
+    multi, socket = Measured(1.5, 0.02), Measured(2.5, 0.0)
     shares, cis = breakdown(free, cached, cold, multi, socket)
     # total per GPU: cold 2.0 + interconnect 0.5 + network 1.0 = 3.5
     assert shares["compute"] == pytest.approx(100 / 3.5)
@@ -156,7 +156,7 @@ def test_stalls_cli_with_two_processes_on_cpu(tmp_path, capsys):
 
 def test_noise_that_makes_a_slower_run_faster_never_gives_negative_or_excess_shares():
     # the cold run came out faster than the cached one, the ingestion-free run slowest of all
-    shares, _ = breakdown(_Measured(2.0, 0), _Measured(1.8, 0), _Measured(1.5, 0))
+    shares, _ = breakdown(Measured(2.0, 0), Measured(1.8, 0), Measured(1.5, 0))
     assert shares["compute"] == pytest.approx(100.0)
     assert shares["prep_stall"] == 0.0 and shares["fetch_stall"] == 0.0
 

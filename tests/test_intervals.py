@@ -72,7 +72,7 @@ def test_share_interval_covers_as_often_as_the_symmetric_one():
 
 
 def test_stall_json_gives_ranges_beside_the_half_widths():
-    from gpulens.experiments.stalls import StallResult
+    from gpulens.stalls import StallResult
 
     result = StallResult(workload="tiny_cnn", device="cpu")
     result.throughput = {"ingestion_free": 100.0, "cached": 50.0, "cold": None}

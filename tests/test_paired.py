@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from gpulens.errors import UsageError
-from gpulens.experiments.paired_fetch import (
+from gpulens.stalls.paired_fetch import (
     _mean_and_half_width,
     paired_blocks,
     paired_differences,

@@ -37,14 +37,18 @@ def test_a_run_ends_finished_with_its_role_and_gives_the_same_result_fresh_or_st
 
 
 def test_every_way_a_run_ends_is_recorded(tmp_path):
-    with pytest.raises(KeyboardInterrupt) as caught:
-        with measured_run(tmp_path, kind="train", capture_environment=False):
-            raise KeyboardInterrupt
+    with (
+        pytest.raises(KeyboardInterrupt) as caught,
+        measured_run(tmp_path, kind="train", capture_environment=False),
+    ):
+        raise KeyboardInterrupt
     assert read_record(caught.value.gpulens_record_dir).status == "killed"
 
-    with pytest.raises(ValueError) as caught:
-        with measured_run(tmp_path, kind="train", capture_environment=False):
-            raise ValueError("bad thing")
+    with (
+        pytest.raises(ValueError) as caught,
+        measured_run(tmp_path, kind="train", capture_environment=False),
+    ):
+        raise ValueError("bad thing")
     rec = read_record(caught.value.gpulens_record_dir)
     assert rec.status == "failed" and rec.meta["error"] == "bad thing"
 
@@ -52,10 +56,12 @@ def test_every_way_a_run_ends_is_recorded(tmp_path):
         pass
 
     OutOfMemoryError.__module__ = "torch.cuda"
-    with pytest.raises(RuntimeFailure, match="lower --batch-size") as caught:
-        with measured_run(tmp_path, kind="train", capture_environment=False) as run:
-            run.oom_hint = "CUDA out of memory: lower --batch-size"
-            raise OutOfMemoryError("CUDA out of memory. Tried to allocate")
+    with (
+        pytest.raises(RuntimeFailure, match="lower --batch-size") as caught,
+        measured_run(tmp_path, kind="train", capture_environment=False) as run,
+    ):
+        run.oom_hint = "CUDA out of memory: lower --batch-size"
+        raise OutOfMemoryError("CUDA out of memory. Tried to allocate")
     assert read_record(caught.value.gpulens_record_dir).meta["error"].startswith("CUDA out of")
 
     with measured_run(tmp_path, kind="command", capture_environment=False) as run:

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from gpulens.cli import main
-from gpulens.experiments.stalls import _Measured, breakdown, recommend, what_if
+from gpulens.stalls import Measured, breakdown, recommend, what_if
 
 
 def test_breakdown_shares_add_up_and_cis_propagate():
-    free, cached, cold = _Measured(1.0, 0.01), _Measured(1.5, 0.015), _Measured(2.0, 0.02)
+    free, cached, cold = Measured(1.0, 0.01), Measured(1.5, 0.015), Measured(2.0, 0.02)
     shares, cis = breakdown(free, cached, cold)
     assert shares["compute"] == pytest.approx(50.0)
     assert shares["prep_stall"] == pytest.approx(25.0)
@@ -32,12 +33,12 @@ def test_breakdown_cis_match_a_simulation_of_the_runs(with_multi):
     times = {"free": 1.0, "cached": 1.6, "cold": 2.1, "multi": 1.3, "socket": 1.9}
     rel_half = {"free": 0.03, "cached": 0.04, "cold": 0.025, "multi": 0.03, "socket": 0.05}
     names = ["free", "cached", "cold"] + (["multi", "socket"] if with_multi else [])
-    measured = {n: _Measured(times[n], times[n] * rel_half[n]) for n in names}
+    measured = {n: Measured(times[n], times[n] * rel_half[n]) for n in names}
     _, cis = breakdown(*measured.values())
     rng = np.random.default_rng(0)
     draws = {n: rng.normal(times[n], times[n] * rel_half[n] / 1.96, 20_000) for n in names}
     sims = [
-        breakdown(*(_Measured(float(draws[n][i]), 0.0) for n in names))[0] for i in range(20_000)
+        breakdown(*(Measured(float(draws[n][i]), 0.0) for n in names))[0] for i in range(20_000)
     ]
     for part, ci in cis.items():
         if ci is None:
@@ -51,7 +52,7 @@ def test_breakdown_with_a_paired_fetch_stall_matches_a_simulation():
     cold time is cached + fetch, and the intervals propagate as for the runs."""
     import numpy as np
 
-    free, cached, fetch = _Measured(1.0, 0.02), _Measured(1.5, 0.06), _Measured(0.5, 0.01)
+    free, cached, fetch = Measured(1.0, 0.02), Measured(1.5, 0.06), Measured(0.5, 0.01)
     shares, cis = breakdown(free, cached, None, fetch=fetch)
     assert shares["compute"] == pytest.approx(50.0)
     assert shares["prep_stall"] == pytest.approx(25.0)
@@ -61,8 +62,8 @@ def test_breakdown_with_a_paired_fetch_stall_matches_a_simulation():
         rng.normal(m.per_sample_s, m.half_width_s / 1.96, 20_000) for m in (free, cached, fetch)
     ]
     sims = [
-        breakdown(*(_Measured(float(d[i]), 0.0) for d in draws[:2]), None,
-                  fetch=_Measured(float(draws[2][i]), 0.0))[0]
+        breakdown(*(Measured(float(d[i]), 0.0) for d in draws[:2]), None,
+                  fetch=Measured(float(draws[2][i]), 0.0))[0]
         for i in range(20_000)
     ]  # fmt: skip
     for part in ("compute", "prep_stall", "fetch_stall"):
@@ -70,14 +71,14 @@ def test_breakdown_with_a_paired_fetch_stall_matches_a_simulation():
 
 
 def test_breakdown_without_cold_run_leaves_fetch_null():
-    shares, cis = breakdown(_Measured(1.0, 0.0), _Measured(4.0, 0.0), None)
+    shares, cis = breakdown(Measured(1.0, 0.0), Measured(4.0, 0.0), None)
     assert shares["compute"] == pytest.approx(25.0)
     assert shares["prep_stall"] == pytest.approx(75.0)
     assert shares["fetch_stall"] is None and cis["fetch_stall"] is None
 
 
 def test_what_if_and_recommendations_follow_the_model():
-    free, cached, cold = _Measured(0.001, 0), _Measured(0.004, 0), _Measured(0.008, 0)
+    free, cached, cold = Measured(0.001, 0), Measured(0.004, 0), Measured(0.008, 0)
     # 4 ms of CPU and (cold) 4 ms of reading per sample, one worker: 125 samples/s as measured
     pred = what_if(free, cached, cold, workers=1, cpu_count=8, mean_file_bytes=100_000,
                    prep_cpu_s_per_sample=0.004)  # fmt: skip
@@ -106,7 +107,7 @@ def jpegs(tmp_path_factory):
 def test_injected_storage_latency_is_recovered_within_3_points(jpegs, tmp_path):
     import torch
 
-    from gpulens.experiments.stalls_validation import validate
+    from gpulens.stalls.validation import validate
 
     # One training thread beside one loader worker: on a 2-core machine more threads would make
     # the two compete, and the loader's pace would change with the injected delay.
@@ -137,7 +138,7 @@ def _validate(validate, jpegs, tmp_path):
 
 
 def test_expected_shares_follow_the_slower_side():
-    from gpulens.experiments.stalls_validation import expected_shares
+    from gpulens.stalls.validation import expected_shares
 
     # loader 4 ms per sample with 2 workers' worth of 2 ms storage delay: 5 ms cold, GPU 1 ms
     got = expected_shares(t_if=0.001, t_load=0.004, delay_s=0.002, workers=2)
@@ -198,9 +199,21 @@ def _stalls_json(capsys, jpegs, fetch_design: str) -> dict:
     return doc
 
 
-def test_stalls_cli_json_contract_with_a_paired_cold_run(capsys, jpegs, monkeypatch):
+def test_stalls_cli_json_contract_with_a_paired_cold_run(capsys, jpegs, gpulens_home):
     doc = _stalls_json(capsys, jpegs, "paired")
     assert doc["fetch_design"] == "paired"
+    # every run's role is in its run.json, and the paired fetch stall reached the record
+    from gpulens.run import RunResult
+    from gpulens.stalls import StallAnalysis
+
+    for role, run_id in doc["runs"].items():
+        if run_id:
+            stored = RunResult.from_record(gpulens_home / "runs" / run_id)
+            assert stored.role == f"stalls:{role}"
+    paired_run = RunResult.from_record(gpulens_home / "runs" / doc["runs"]["paired_cold"])
+    assert paired_run.summary["paired_fetch"]["pairs"] >= 1
+    again = StallAnalysis.from_records(gpulens_home / "runs").breakdown()
+    assert again["breakdown_pct"] == pytest.approx(doc["breakdown_pct"])
     paired = doc["fetch_paired"]
     assert doc["runs"]["cold"] is None and doc["runs"]["paired_cold"]
     assert doc["all_runs"]["paired_cold"][-1] == doc["runs"]["paired_cold"]
@@ -255,7 +268,7 @@ def _fake_run(run_id, samples_per_s, ci_pct, wall_s=10.0):
 
 
 def test_pooled_runs_that_agree_combine_their_own_errors():
-    from gpulens.experiments.stalls import pooled
+    from gpulens.stalls import pooled
 
     got = pooled([_fake_run("a", 100.0, 4.0), _fake_run("b", 101.0, 2.0)])
     # 1000 samples at 10 ms (±4%) and 1010 at 9.90 ms (±2%): 0.1 ms apart, within their errors
@@ -268,7 +281,7 @@ def test_pooled_runs_that_agree_combine_their_own_errors():
 
 def test_pooled_runs_that_disagree_widen_by_the_spread_between_them():
     """The H100 session's two cold passes: 1449 and 1293 samples/s, each ±~4% on its own."""
-    from gpulens.experiments.stalls import Z95, pooled
+    from gpulens.stalls import Z95, pooled
 
     a, b = _fake_run("a", 1449.0, 4.0, 60.0), _fake_run("b", 1293.0, 4.0, 60.0)
     got = pooled([a, b])
@@ -286,7 +299,7 @@ def test_pooled_runs_that_disagree_widen_by_the_spread_between_them():
 
 
 def test_one_run_pools_to_itself():
-    from gpulens.experiments.stalls import pooled
+    from gpulens.stalls import pooled
 
     got = pooled([_fake_run("a", 200.0, 3.0)])
     assert got.per_sample_s == pytest.approx(0.005)
@@ -297,7 +310,7 @@ def _refine_case(jpegs, cached_ci, cold_ci, budget_s=1e6, target=3.0, elapsed_s=
     import itertools
     import time
 
-    from gpulens.experiments.stalls import StallsConfig, _refine
+    from gpulens.stalls import StallsConfig, refine
 
     config = StallsConfig(
         workload="tiny_cnn", data=str(jpegs), until_ci_pct=target, time_budget_s=budget_s
@@ -314,7 +327,7 @@ def _refine_case(jpegs, cached_ci, cold_ci, budget_s=1e6, target=3.0, elapsed_s=
     }
     notes: list[str] = []
     t0 = time.perf_counter() - elapsed_s
-    _refine(config, repeats, rerun, {"cached": 60.0, "cold": 80.0}, t0, lambda _m: None, notes)
+    refine(config, repeats, rerun, {"cached": 60.0, "cold": 80.0}, t0, lambda _m: None, notes)
     return {k: len(v) for k, v in repeats.items()}, notes
 
 
@@ -329,7 +342,7 @@ def test_refine_repeats_the_run_that_narrows_the_widest_share(jpegs):
 
 
 def test_refine_stops_at_the_target_the_budget_and_the_repeat_cap(jpegs):
-    from gpulens.experiments.stalls import MAX_REPEATS
+    from gpulens.stalls import MAX_REPEATS
 
     counts, notes = _refine_case(jpegs, cached_ci=1.0, cold_ci=1.0)
     assert counts == {"ingestion_free": 1, "cached": 1, "cold": 1} and not notes
@@ -387,7 +400,7 @@ def test_ci_uses_the_gpus_step_times_when_the_host_runs_ahead():
 @pytest.fixture()
 def no_runs(monkeypatch):
     """Any run started fails the test: every check must come before the first run."""
-    from gpulens.experiments import stalls
+    from gpulens.stalls import runner as stalls
 
     def refuse(*_args, **_kwargs):
         raise AssertionError("a run started before the options were checked")
@@ -420,7 +433,7 @@ def test_stalls_with_more_gpus_than_the_machine_fails_before_any_run(
 
 
 def test_stalls_with_two_gpus_and_four_present_passes_the_checks(jpegs, monkeypatch):
-    from gpulens.experiments.stalls import StallsConfig, preflight
+    from gpulens.stalls import StallsConfig, preflight
 
     _fake_cuda(monkeypatch, 4)
     eff = preflight(StallsConfig("tiny_cnn", str(jpegs), gpus=2, workers=1))
@@ -441,7 +454,7 @@ def test_stalls_with_two_gpus_and_four_present_passes_the_checks(jpegs, monkeypa
 )
 def test_stalls_options_are_checked_before_any_run(jpegs, monkeypatch, no_runs, kw, message):
     from gpulens.errors import UsageError
-    from gpulens.experiments.stalls import StallsConfig, run_stalls
+    from gpulens.stalls import StallsConfig, run_stalls
 
     _fake_cuda(monkeypatch, 1)
     config = StallsConfig(**{"workload": "tiny_cnn", "data": str(jpegs), **kw})
@@ -451,7 +464,7 @@ def test_stalls_options_are_checked_before_any_run(jpegs, monkeypatch, no_runs, 
 
 def test_stalls_paired_design_on_tokens_and_bad_data_fail_before_any_run(tmp_path, no_runs):
     from gpulens.errors import UsageError
-    from gpulens.experiments.stalls import StallsConfig, run_stalls
+    from gpulens.stalls import StallsConfig, run_stalls
     from gpulens.workloads.datagen import make_tokens
 
     make_tokens(tmp_path / "tok", 5000, vocab_size=8192)
@@ -469,7 +482,7 @@ def test_stalls_paired_design_on_tokens_and_bad_data_fail_before_any_run(tmp_pat
 
 
 def test_the_fetch_design_follows_the_request_and_else_the_loader():
-    from gpulens.experiments.stalls import choose_fetch_design
+    from gpulens.stalls import choose_fetch_design
     from gpulens.workloads.train import TrainResult
 
     def cached(wait_fraction: float) -> TrainResult:
@@ -487,7 +500,7 @@ def test_stalls_finds_an_empty_image_before_any_run(tmp_path, jpegs, no_runs):
     import shutil
 
     from gpulens.errors import UsageError
-    from gpulens.experiments.stalls import StallsConfig, run_stalls
+    from gpulens.stalls import StallsConfig, run_stalls
 
     root = tmp_path / "imgs"
     shutil.copytree(jpegs, root)
@@ -495,3 +508,27 @@ def test_stalls_finds_an_empty_image_before_any_run(tmp_path, jpegs, no_runs):
     empty.write_bytes(b"")
     with pytest.raises(UsageError, match=f"{empty} is empty .0 bytes.: remove it, or pass --skip"):
         run_stalls(StallsConfig("tiny_cnn", str(root), device="cpu"), tmp_path / "runs")
+
+
+def test_stored_stall_runs_are_grouped_by_role_with_old_records_by_name():
+    """Records made before roles were stored (the committed H100 ones) are read by name, and a
+    paired cold run is its own role, never pooled as a cold one."""
+    from gpulens.stalls import StallAnalysis
+
+    results = Path(__file__).parents[1] / "benchmarks" / "results"
+    pooled_runs = StallAnalysis.from_records(
+        results / "stalls-resnet50-pooled-records-NVIDIA_H100_80GB_HBM3-2026-11-23.tgz"
+    )
+    assert {k: len(v) for k, v in pooled_runs.runs.items()} == {
+        "ingestion_free": 1, "cached": 2, "cold": 2,
+    }  # fmt: skip
+    doc = pooled_runs.breakdown()
+    assert sum(doc["breakdown_pct"][k] for k in ("compute", "prep_stall", "fetch_stall")) == (
+        pytest.approx(100, abs=0.5)
+    )
+    paired = StallAnalysis.from_records(
+        results / "stalls-resnet50-paired-records-NVIDIA_H100_80GB_HBM3-2026-11-23.tgz"
+    )
+    assert set(paired.runs) == {"ingestion_free", "cached", "paired_cold"}
+    assert "cold" not in paired.runs
+    assert paired.breakdown()["notes"]  # says why its fetch stall is not known

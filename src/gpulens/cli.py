@@ -402,8 +402,8 @@ def stalls(
     store: bool = typer.Option(True, "--store/--no-store", help="Log the runs to MLflow."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
 ) -> None:
-    from gpulens.experiments.stalls import StallsConfig, run_stalls
     from gpulens.report.terminal import render_stalls
+    from gpulens.stalls import StallsConfig, run_stalls
     from gpulens.workloads.models import list_workloads
 
     target = target or []
@@ -441,7 +441,7 @@ def stalls(
                 f"{', '.join(extra)} apply to built-in workloads only; pass your script's own "
                 "options after --"
             )
-        from gpulens.experiments.stalls_command import run_stalls_command
+        from gpulens.stalls.command import run_stalls_command
 
         with _progress("stalls") as progress:
             result = run_stalls_command(target, data, runs_dir(), progress=progress.phase)

@@ -35,8 +35,8 @@ def _round(value: Any) -> Any:
 
 
 def _stall_breakdown(runs_dir: Path) -> dict[str, Any]:
-    from gpulens.experiments.stalls import _breakdown_of, pooled, recommend, what_if
     from gpulens.record.reader import read_record
+    from gpulens.stalls import breakdown_of, pooled, recommend, what_if
     from gpulens.workloads.train import TrainResult
 
     by_role: dict[str, list] = {}
@@ -47,7 +47,7 @@ def _stall_breakdown(runs_dir: Path) -> dict[str, Any]:
         result = TrainResult(rec.meta["run_id"], run_dir, dict(rec.meta["summary"]))
         by_role.setdefault(role, []).append(result)
     measured = {role: pooled(results) for role, results in by_role.items()}
-    shares, cis = _breakdown_of(measured)
+    shares, cis = breakdown_of(measured)
     cached = by_role["cached"][0].summary
     predictions = what_if(
         measured["ingestion_free"], measured["cached"], measured.get("cold"),
@@ -89,7 +89,7 @@ def _run_summary(record_dir: Path) -> dict[str, Any]:
 
 
 def _prep_and_paired(record_dir: Path) -> dict[str, Any]:
-    from gpulens.experiments.paired_fetch import paired_fetch
+    from gpulens.stalls.paired_fetch import paired_fetch
     from gpulens.workloads.prep_timing import read_prep, summarize_prep
 
     meta = json.loads((record_dir / "run.json").read_text())

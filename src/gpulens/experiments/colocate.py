@@ -49,6 +49,7 @@ from gpulens.launch.processes import (
     spawn,
 )
 from gpulens.record.redact import redact_argv
+from gpulens.run.result import role_name
 from gpulens.workloads.colocate_job import JobSpec, ProcessSpec, unique_names
 
 log = logging.getLogger(__name__)
@@ -972,7 +973,7 @@ def run_colocate(
         writer = RunWriter(
             runs_root, kind="colocate",
             name=config.name or "colocate-" + "+".join(j.name for j in config.jobs),
-            requested_config=config.as_dict(),
+            requested_config=config.as_dict(), role=role_name("colocate", "experiment"),
         )  # fmt: skip
     work = None
     try:

@@ -153,7 +153,9 @@ def _check_devices(config, world: int) -> str:
     return "cuda"
 
 
-def run_distributed(config, spec: WorkloadSpec, runs_root: Path, progress, kind: str):
+def run_distributed(
+    config, spec: WorkloadSpec, runs_root: Path, progress, kind: str, role: str | None = None
+):
     """``run_training`` for ``config.gpus`` > 1 processes."""
     from gpulens.workloads.train import TrainResult, finishing, resolve_config
 
@@ -172,6 +174,7 @@ def run_distributed(config, spec: WorkloadSpec, runs_root: Path, progress, kind:
         name=config.name or f"{spec.name}-{world}x{device_type}-b{eff['batch_size']}",
         requested_config=asdict(config),
         environment=capture_environment(describe_gpus()),
+        role=role,
     )
     if device_type == "cuda" and "NCCL_DEBUG" not in os.environ:
         # NCCL says which transport each channel took: the effective setting, logged.

@@ -6,7 +6,7 @@ so two separate runs, one cached and one cold, differ by that much whatever stor
 each worker alternates, block after block of samples, between the two halves of the dataset,
 both kinds meet the same CPU speed within a second, and the difference of a worker's time per
 sample between its cold and its cached blocks is the storage's cost: the wait and the slower
-decoding after it. :func:`gpulens.experiments.paired_fetch.paired_fetch` reads it from the
+decoding after it. :func:`gpulens.stalls.paired_fetch.paired_fetch` reads it from the
 workers' timers.
 
 Half of the files, drawn once from the run's seed (:func:`cold_mask`), are the cold half. Each

@@ -289,13 +289,15 @@ def run_training(
     runs_root: Path,
     progress: ProgressFn | None = None,
     kind: str = "train",
+    role: str | None = None,
 ) -> TrainResult:
-    """Train ``config.workload`` under the monitor and write a complete run record."""
+    """Train ``config.workload`` under the monitor and write a complete run record; ``role``
+    is the run's part in an experiment (``stalls:cached``), stored in run.json."""
     spec = get_workload(config.workload)
     if config.gpus > 1:
         from gpulens.workloads.distributed import run_distributed
 
-        return run_distributed(config, spec, runs_root, progress, kind)
+        return run_distributed(config, spec, runs_root, progress, kind, role)
     device = resolve_device(config.device)
     eff = resolve_config(config, spec, device)
     torch.manual_seed(config.seed)
@@ -307,6 +309,7 @@ def run_training(
         kind=kind,
         name=config.name or f"{spec.name}-{device.type}-b{eff['batch_size']}",
         requested_config=asdict(config),
+        role=role,
     )
     with finishing(writer, eff["batch_size"], device):
         writer.update(environment=capture_environment(describe_gpus()))

@@ -12,7 +12,7 @@ and runs three times under the monitor, each a stored run of kind ``stalls``:
   reported as cold.
 
 Throughput and its CI come from the tracker's summary of each run; the breakdown, what-if and
-recommendations are those of :mod:`gpulens.experiments.stalls`. Interconnect and network stalls
+recommendations are those of :mod:`gpulens.stalls`. Interconnect and network stalls
 need runs gpulens launches itself and are null here.
 """
 
@@ -24,16 +24,10 @@ import time
 from pathlib import Path
 
 from gpulens.errors import RuntimeFailure, UsageError
-from gpulens.experiments.stalls import (
-    ProgressFn,
-    StallResult,
-    _measured,
-    breakdown,
-    recommend,
-    warm_page_cache,
-    what_if,
-)
 from gpulens.launch.command import CommandResult, run_command
+from gpulens.stalls.config import ProgressFn, StallResult
+from gpulens.stalls.model import breakdown, measure_run, recommend, what_if
+from gpulens.stalls.runner import warm_page_cache
 from gpulens.workloads.tracking import FIRST_PASS_ENV, INGESTION_FREE_BATCHES, INGESTION_FREE_ENV
 
 NO_STEPS = "the script did not report steps: wrap its loader in gpulens.track().data(...)"
@@ -199,8 +193,8 @@ def run_stalls_command(
         "that gpulens launches itself (gpulens stalls WORKLOAD --gpus N)"
     )
 
-    m_free, m_cached = _measured(free), _measured(cached)
-    m_cold = _measured(cold)
+    m_free, m_cached = measure_run(free), measure_run(cached)
+    m_cold = measure_run(cold)
     result.breakdown_pct, result.breakdown_ci95_pp = breakdown(m_free, m_cached, m_cold)
     result.fetch_design = "separate" if m_cold is not None else None  # a script: no paired run
     if m_free.per_sample_s > m_cached.per_sample_s + m_cached.half_width_s + m_free.half_width_s:

@@ -18,7 +18,7 @@ meet only if the attribution is right. A training run goes at the pace of the sl
 the expected cached time is ``max(t_if, t_load)`` and the expected cold time
 ``max(t_if, t_load + (L + induced) / W)``. Expected shares are of the expected cold time, as
 the breakdown's are of the measured one; the measured shares are those
-``gpulens.experiments.stalls.breakdown`` reports for the three runs.
+``gpulens.stalls.breakdown`` reports for the three runs.
 
 Every row also holds the shares expected from the delay as configured (``*_nominal``): an
 outside truth, but one that leaves out the slower decoding after a wait, which the measured
@@ -95,10 +95,12 @@ def nominal_columns(row: dict[str, Any]) -> dict[str, float]:
 
 def _paired_row(pair, free, cached, expected, separate, separate_ci, workers) -> dict[str, Any]:
     """A paired cold run's breakdown beside the expected and the separate runs' shares."""
-    from gpulens.experiments.paired_fetch import paired_fetch
-    from gpulens.experiments.stalls import _effective_config, _Measured, _measured, breakdown
+    from gpulens.run.result import RunResult
+    from gpulens.stalls.model import Measured, breakdown, measure_run
+    from gpulens.stalls.paired_fetch import paired_fetch
 
-    s, eff = pair.summary, _effective_config(pair)
+    stored = RunResult.from_record(pair.record_dir)
+    s, eff = stored.summary, stored.effective_config
     got = paired_fetch(
         pair.record_dir, eff["paired_cold_samples"], eff["seed"],
         s["measured_start_unix_s"], s["measured_end_unix_s"],
@@ -106,9 +108,9 @@ def _paired_row(pair, free, cached, expected, separate, separate_ci, workers) ->
     if got is None:
         return {"paired_run": pair.run_id}
     w = max(workers, 1)
-    fetch = _Measured(got["extra_s_per_sample"] / w, got["extra_ci95_s"] / w)
-    m_cached = _measured(cached)
-    shares, cis = breakdown(_measured(free), m_cached, None, fetch=fetch)
+    fetch = Measured(got["extra_s_per_sample"] / w, got["extra_ci95_s"] / w)
+    m_cached = measure_run(cached)
+    shares, cis = breakdown(measure_run(free), m_cached, None, fetch=fetch)
     implied = 1.0 / (m_cached.per_sample_s + 0.5 * fetch.per_sample_s)
     row: dict[str, Any] = {
         "paired_run": pair.run_id,
@@ -149,7 +151,7 @@ def validate(
     (%), their differences (points) and the measurement's own 95% CI half-widths (points).
 
     Each training run lasts ``steps`` measured steps or, with ``duration_s``, that long."""
-    from gpulens.experiments.stalls import _measured, breakdown, is_loader_bound
+    from gpulens.stalls import breakdown, is_loader_bound, measure_run
     from gpulens.workloads.datasets import dataset_files
     from gpulens.workloads.loader_bench import measure_loader
     from gpulens.workloads.pagecache import warm
@@ -194,7 +196,7 @@ def validate(
             # rescheduling): part of the real cost of slow storage, measured in the workers.
             induced_s = _stage_s(cold_prep, _CPU_STAGES) - _stage_s(cached_prep, _CPU_STAGES)
             expected = expected_shares(t_if, t_load, injected_s + induced_s, w)
-            measured, ci_pp = breakdown(_measured(free), _measured(cached), _measured(cold))
+            measured, ci_pp = breakdown(measure_run(free), measure_run(cached), measure_run(cold))
             row: dict[str, Any] = {
                 "workers": w,
                 "latency_ms": 1000 * latency_s,
