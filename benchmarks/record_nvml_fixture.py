@@ -36,7 +36,8 @@ import pyarrow.parquet as pq
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from gpulens.probes import gpu as gpu_probe  # noqa: E402
+from gpulens.probes.nvml import probe as gpu_probe  # noqa: E402
+from gpulens.probes.nvml.inventory import describe_gpus  # noqa: E402
 
 FORMAT = "gpulens-nvml-raw-calls/1"
 log = logging.getLogger("record_nvml_fixture")
@@ -242,7 +243,7 @@ def record(
     out_dir.mkdir(parents=True, exist_ok=True)
 
     recorder.start_phase("describe")
-    described = gpu_probe.describe_gpus()
+    described = describe_gpus()
     rows: list[dict[str, Any]] = []
     costs_s: list[float] = []
     with contextlib.nullcontext(None) if idle else GpuLoad() as load:

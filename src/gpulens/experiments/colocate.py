@@ -286,7 +286,7 @@ class GpuWindow:
         if nvml_index is None:
             self.reason = "the jobs ran on the CPU"
             return
-        from gpulens.probes.gpu import open_gpu_probe
+        from gpulens.probes.nvml.probe import open_gpu_probe
 
         try:
             self._probe = open_gpu_probe([nvml_index], energy_every_n=1)
@@ -571,12 +571,9 @@ def probe_device(device: str | None) -> DeviceInfo:
         raise UsageError(info["error"])
     if info["device"] == "cpu":
         return DeviceInfo("cpu")
-    nvml_index = None
-    from gpulens.probes.gpu import describe_gpus
+    from gpulens.probes.nvml.inventory import nvml_index_for_uuid
 
-    for g in describe_gpus():
-        if g.get("uuid") and info.get("uuid") and g["uuid"] == info["uuid"]:
-            nvml_index = g["index"]
+    nvml_index = nvml_index_for_uuid(info.get("uuid")).index
     return DeviceInfo("cuda:0", info.get("name"), info.get("uuid"),
                       info.get("memory_total_bytes"), nvml_index)  # fmt: skip
 
@@ -825,7 +822,7 @@ class ColocateExperiment:
         return results
 
     def mig(self) -> list[dict[str, Any]]:
-        from gpulens.probes.mig import mig_layout
+        from gpulens.probes.nvml.mig import mig_layout
 
         if not (self.info and self.info.cuda) or self.info.nvml_index is None:
             why = "unavailable: MIG needs an NVIDIA GPU that NVML can see"
@@ -979,7 +976,7 @@ def run_colocate(
     try:
         if writer:
             from gpulens.probes.environment import capture_environment
-            from gpulens.probes.gpu import describe_gpus
+            from gpulens.probes.nvml.inventory import describe_gpus
 
             writer.update(environment=capture_environment(describe_gpus()))
         work = make_work_dir("gpulens-colocate-")

@@ -14,7 +14,7 @@ from typing import Any
 from gpulens.errors import RuntimeFailure, UsageError
 from gpulens.launch.processes import reap, spawn
 from gpulens.probes.environment import capture_environment
-from gpulens.probes.gpu import describe_gpus
+from gpulens.probes.nvml.inventory import describe_gpus
 from gpulens.probes.monitor import Monitor, ProbeSpec
 from gpulens.probes.summary import summarize_gpu, summarize_host
 from gpulens.record import schema

@@ -27,7 +27,8 @@ def _has(module: str) -> bool:
 
 def run_checks() -> list[Check]:
     """One check per capability; a missing one says how to enable it."""
-    from gpulens.probes.gpu import describe_gpus, nvml_status
+    from gpulens.probes.nvml.inventory import describe_gpus
+    from gpulens.probes.nvml.session import nvml_status
 
     checks: list[Check] = []
     nvml_ok, nvml_message = nvml_status()

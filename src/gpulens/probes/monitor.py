@@ -40,7 +40,7 @@ class ProbeSpec:
 
 def build_probe(spec: ProbeSpec) -> Probe:
     if spec.kind == "gpu":
-        from gpulens.probes.gpu import open_gpu_probe
+        from gpulens.probes.nvml.probe import open_gpu_probe
 
         options = {k: v for k, v in spec.options.items() if k != "indices"}
         return open_gpu_probe(spec.options.get("indices"), **options)

@@ -123,7 +123,7 @@ def measured_run(
     try:
         if capture_environment:
             from gpulens.probes.environment import capture_environment as capture
-            from gpulens.probes.gpu import describe_gpus
+            from gpulens.probes.nvml.inventory import describe_gpus
 
             gpus = describe_gpus()
             if gpu_indices is not None:

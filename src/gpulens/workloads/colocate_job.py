@@ -469,17 +469,17 @@ def probe_device(device: str | None) -> dict[str, Any]:
     """What ``device`` is (name, UUID, memory), as the jobs will see it."""
     import torch
 
+    from gpulens.probes.nvml.inventory import nvml_uuid
     from gpulens.workloads.devices import resolve_device
 
     dev = resolve_device(device)
     if dev.type != "cuda":
         return {"device": "cpu"}
     props = torch.cuda.get_device_properties(dev)
-    uuid = str(getattr(props, "uuid", "") or "")
     return {
         "device": str(dev),
         "name": props.name,
-        "uuid": uuid and (uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"),
+        "uuid": nvml_uuid(getattr(props, "uuid", None)),
         "memory_total_bytes": int(props.total_memory),
     }
 

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from gpulens.errors import UsageError
+from gpulens.probes.nvml.inventory import nvml_index_for_cuda_device
+
+log = logging.getLogger(__name__)
 
 
 def default_device() -> str:
@@ -36,23 +41,22 @@ def resolve_device(requested: str | None) -> torch.device:
 
 
 def nvml_index_for(device: torch.device) -> int | None:
-    """The NVML index of a CUDA device (they differ under CUDA_VISIBLE_DEVICES); None on CPU."""
+    """The NVML index of a CUDA device (they differ under CUDA_VISIBLE_DEVICES); None on CPU.
+
+    The mapping is :func:`~gpulens.probes.nvml.inventory.nvml_index_for_cuda_device` (by UUID).
+    Where NVML runs but no GPU it sees has this device's UUID: None, with the reason logged as
+    a warning (sampling another GPU would be a silent guess). Where NVML itself cannot start,
+    the CUDA index: nothing is sampled then either (the GPU probe is the null probe, and the
+    run record keeps its reason, which names the fix).
+    """
     if device.type != "cuda":
         return None
     index = device.index or 0
-    try:
-        import pynvml
-
-        uuid = str(torch.cuda.get_device_properties(index).uuid)
-        pynvml.nvmlInit()
-        try:
-            for i in range(pynvml.nvmlDeviceGetCount()):
-                nv_uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))
-                nv_uuid = nv_uuid.decode() if isinstance(nv_uuid, bytes) else nv_uuid
-                if nv_uuid.removeprefix("GPU-") == uuid.removeprefix("GPU-"):
-                    return i
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # no NVML, or an old torch without uuid: assume the same numbering
-        pass
-    return index
+    found = nvml_index_for_cuda_device(index)
+    if found.index is not None:
+        return found.index
+    if not found.nvml_available:
+        log.debug("cuda:%d: %s", index, found.reason)
+        return index
+    log.warning("cuda:%d is not sampled through NVML: %s", index, found.reason)
+    return None

@@ -28,7 +28,7 @@ import torch
 from gpulens.errors import GpulensError, RuntimeFailure, UsageError
 from gpulens.launch.processes import on_lasting_thread, set_parent_death_signal
 from gpulens.probes.environment import capture_environment
-from gpulens.probes.gpu import describe_gpus
+from gpulens.probes.nvml.inventory import describe_gpus
 from gpulens.probes.monitor import Monitor, ProbeSpec
 from gpulens.probes.steps import STEPS_SCHEMA, StepTimer
 from gpulens.record.writer import RunWriter

@@ -195,7 +195,7 @@ class Tracker:
         import sys
 
         from gpulens.probes.environment import capture_environment
-        from gpulens.probes.gpu import describe_gpus
+        from gpulens.probes.nvml.inventory import describe_gpus
         from gpulens.record.writer import RunWriter
 
         config: dict[str, Any] = {"argv": sys.argv}

@@ -21,7 +21,7 @@ import torch
 
 from gpulens.errors import RuntimeFailure, UsageError
 from gpulens.probes.environment import capture_environment
-from gpulens.probes.gpu import describe_gpus
+from gpulens.probes.nvml.inventory import describe_gpus
 from gpulens.probes.gpu_specs import peak_flops
 from gpulens.probes.monitor import Monitor, ProbeSpec
 from gpulens.probes.steps import STEPS_SCHEMA, StepTimer

@@ -6,11 +6,15 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from gpulens.probes.gpu import _init_nvml, _text
+from gpulens.probes.nvml.session import init_nvml, nvml_text, shutdown_nvml
 
 log = logging.getLogger(__name__)
 
 MIG_DISABLED = "unavailable: MIG mode is disabled and gpulens does not change the MIG layout"
+MIG_NOT_CREATED = (
+    "unavailable: MIG mode is on but no MIG instances exist, and gpulens does "
+    "not create them (nvidia-smi mig -cgi ... -C, as an administrator)"
+)
 
 
 @dataclass(frozen=True)
@@ -34,7 +38,7 @@ def mig_layout(nvml_index: int, nvml: Any = None) -> MigLayout:
     """The MIG devices that exist on GPU ``nvml_index`` (NVML numbering)."""
     owned = nvml is None
     if owned:
-        nvml, reason = _init_nvml()
+        nvml, reason = init_nvml()
         if nvml is None:
             return MigLayout((), f"unavailable: {reason}")
     try:
@@ -51,7 +55,7 @@ def mig_layout(nvml_index: int, nvml: Any = None) -> MigLayout:
                 mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, i)
             except nvml.NVMLError:  # an empty slot
                 continue
-            uuid = _text(nvml.nvmlDeviceGetUUID(mig))
+            uuid = nvml_text(nvml.nvmlDeviceGetUUID(mig))
             try:
                 mem = int(nvml.nvmlDeviceGetMemoryInfo(mig).total)
             except nvml.NVMLError:
@@ -62,13 +66,10 @@ def mig_layout(nvml_index: int, nvml: Any = None) -> MigLayout:
                 sms = None
             instances.append(MigInstance(uuid, mem, sms))
         if not instances:
-            return MigLayout(
-                (), "unavailable: MIG mode is on but no MIG instances exist, and gpulens does "
-                "not create them (nvidia-smi mig -cgi ... -C, as an administrator)"
-            )  # fmt: skip
+            return MigLayout((), MIG_NOT_CREATED)
         return MigLayout(tuple(instances))
     except nvml.NVMLError as exc:
         return MigLayout((), f"unavailable: NVML could not read the MIG layout ({exc})")
     finally:
         if owned:
-            nvml.nvmlShutdown()
+            shutdown_nvml(nvml)
