@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpulens.workloads.affinity import physical_cores, worker_cpus
+from gpulens.data.affinity import physical_cores, worker_cpus
 from gpulens.workloads.train import TrainConfig, run_training
 
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from gpulens.data import affinity
+from gpulens.data.affinity import PinWorkers, physical_cores, worker_cpus, worker_init
 from gpulens.errors import UsageError
-from gpulens.workloads import affinity
-from gpulens.workloads.affinity import PinWorkers, physical_cores, worker_cpus, worker_init
 from gpulens.workloads.train import TrainConfig
 
 

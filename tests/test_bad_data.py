@@ -25,7 +25,7 @@ def _one_line_error(capsys) -> str:
 
 @pytest.fixture(scope="module")
 def good_images(tmp_path_factory):
-    from gpulens.workloads.datagen import make_images
+    from gpulens.data.datagen import make_images
 
     out = tmp_path_factory.mktemp("bad") / "good"
     make_images(out, 16, image_size=(64, 48), num_classes=4)
@@ -66,8 +66,8 @@ def test_an_undecodable_image_stops_the_run_with_one_line_naming_it(
 def test_the_error_crosses_the_worker_boundary_as_a_gpulens_error(tmp_path, good_images):
     import torch
 
-    from gpulens.workloads.bad_samples import BadSampleError
-    from gpulens.workloads.datasets import image_folder_dataset
+    from gpulens.data.bad_samples import BadSampleError
+    from gpulens.data.datasets import image_folder_dataset
 
     root, bad = _damaged(tmp_path, good_images, "truncated")
     ds = image_folder_dataset(root, 32)
@@ -108,7 +108,7 @@ def test_without_skipping_the_summary_counts_nothing(tmp_path, good_images):
 
 
 def test_a_skipped_sample_is_replaced_from_its_own_half_in_a_paired_run(tmp_path, good_images):
-    from gpulens.workloads.datasets import image_folder_dataset
+    from gpulens.data.datasets import image_folder_dataset
 
     root, bad = _damaged(tmp_path, good_images, "text")
     log = tmp_path / "skipped.tsv"
@@ -125,8 +125,8 @@ def test_a_skipped_sample_is_replaced_from_its_own_half_in_a_paired_run(tmp_path
 
 
 def test_too_many_bad_images_in_a_row_is_an_error(tmp_path):
-    from gpulens.workloads.bad_samples import BadSampleError
-    from gpulens.workloads.datasets import image_folder_dataset
+    from gpulens.data.bad_samples import BadSampleError
+    from gpulens.data.datasets import image_folder_dataset
 
     for i in range(3):
         (tmp_path / "imgs" / "a").mkdir(parents=True, exist_ok=True)
@@ -139,7 +139,7 @@ def test_too_many_bad_images_in_a_row_is_an_error(tmp_path):
 # ------------------------------------------------------------------------------------ tokens
 @pytest.fixture()
 def tokens(tmp_path):
-    from gpulens.workloads.datagen import make_tokens
+    from gpulens.data.datagen import make_tokens
 
     out = tmp_path / "tokens"
     make_tokens(out, 20_000, vocab_size=8192)
@@ -147,7 +147,7 @@ def tokens(tmp_path):
 
 
 def test_a_token_id_outside_the_vocabulary_names_file_id_and_fix(capsys, tmp_path):
-    from gpulens.workloads.datagen import make_tokens
+    from gpulens.data.datagen import make_tokens
 
     tokens = tmp_path / "few"
     make_tokens(tokens, 4 * 256 + 1, vocab_size=8192)  # 4 windows of 256: one batch, all read
@@ -163,8 +163,8 @@ def test_a_token_id_outside_the_vocabulary_names_file_id_and_fix(capsys, tmp_pat
 
 
 def test_a_token_file_without_sidecar_is_checked_against_the_model(tokens):
-    from gpulens.workloads.bad_samples import BadSampleError
-    from gpulens.workloads.datasets import TokenFileDataset
+    from gpulens.data.bad_samples import BadSampleError
+    from gpulens.data.datasets import TokenFileDataset
 
     (tokens / "tokens.json").unlink()
     ids = np.memmap(tokens / "tokens.bin", dtype="<u2", mode="r+")
@@ -195,8 +195,8 @@ def test_a_token_file_shorter_than_its_sidecar_says_is_an_error(capsys, tokens):
     ],
 )
 def test_a_sidecar_that_makes_no_sense_is_an_error(tokens, change, message):
+    from gpulens.data.datasets import TokenFileDataset
     from gpulens.errors import UsageError
-    from gpulens.workloads.datasets import TokenFileDataset
 
     meta = json.loads((tokens / "tokens.json").read_text())
     (tokens / "tokens.json").write_text(json.dumps({**meta, **change}))
@@ -205,8 +205,8 @@ def test_a_sidecar_that_makes_no_sense_is_an_error(tokens, change, message):
 
 
 def test_a_token_file_cut_inside_an_id_is_an_error(tokens):
+    from gpulens.data.datasets import TokenFileDataset
     from gpulens.errors import UsageError
-    from gpulens.workloads.datasets import TokenFileDataset
 
     data = (tokens / "tokens.bin").read_bytes()
     (tokens / "tokens.bin").write_bytes(data[:-1])

@@ -136,7 +136,7 @@ def test_scaling_prediction_calibrates_the_exposed_share():
 
 
 def test_stalls_cli_with_two_processes_on_cpu(tmp_path, capsys):
-    from gpulens.workloads.datagen import make_images
+    from gpulens.data.datagen import make_images
 
     data = tmp_path / "img"
     make_images(data, 200)

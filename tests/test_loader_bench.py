@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
+from gpulens.data.loader_bench import measure_loader
 from gpulens.errors import UsageError
-from gpulens.workloads.loader_bench import measure_loader
 from gpulens.workloads.train import TrainConfig
 
 
 @pytest.fixture(scope="module")
 def jpegs(tmp_path_factory):
-    from gpulens.workloads.datagen import make_images
+    from gpulens.data.datagen import make_images
 
     out = tmp_path_factory.mktemp("data") / "images"
     make_images(out, 48)

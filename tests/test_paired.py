@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from gpulens.data.paired import PairedColdSampler, cold_mask
 from gpulens.errors import UsageError
 from gpulens.stalls.paired_fetch import (
     _mean_and_half_width,
@@ -17,7 +18,6 @@ from gpulens.stalls.paired_fetch import (
     paired_differences,
     paired_fetch,
 )
-from gpulens.workloads.paired import PairedColdSampler, cold_mask
 from gpulens.workloads.train import TrainConfig
 
 FIXTURE = Path(__file__).parent / "fixtures" / "prep_h100_resnet50_paired"
@@ -113,7 +113,7 @@ def test_neighbouring_batches_cancel_a_cpu_speed_drift_that_separate_runs_cannot
 def test_paired_run_recovers_the_injected_latency_and_slows_only_the_cold_half(tmp_path):
     import torch
 
-    from gpulens.workloads.datagen import make_images
+    from gpulens.data.datagen import make_images
     from gpulens.workloads.train import run_training
 
     data = tmp_path / "images"
@@ -143,7 +143,7 @@ def test_paired_run_recovers_the_injected_latency_and_slows_only_the_cold_half(t
 
 
 def test_paired_run_of_evicted_files_stops_when_the_cold_half_is_used_up(tmp_path):
-    from gpulens.workloads.datagen import make_images
+    from gpulens.data.datagen import make_images
     from gpulens.workloads.train import run_training
 
     data = tmp_path / "images"

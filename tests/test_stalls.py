@@ -97,7 +97,7 @@ def test_what_if_and_recommendations_follow_the_model():
 
 @pytest.fixture(scope="module")
 def jpegs(tmp_path_factory):
-    from gpulens.workloads.datagen import make_images
+    from gpulens.data.datagen import make_images
 
     out = tmp_path_factory.mktemp("data") / "images"
     make_images(out, 160)
@@ -463,9 +463,9 @@ def test_stalls_options_are_checked_before_any_run(jpegs, monkeypatch, no_runs, 
 
 
 def test_stalls_paired_design_on_tokens_and_bad_data_fail_before_any_run(tmp_path, no_runs):
+    from gpulens.data.datagen import make_tokens
     from gpulens.errors import UsageError
     from gpulens.stalls import StallsConfig, run_stalls
-    from gpulens.workloads.datagen import make_tokens
 
     make_tokens(tmp_path / "tok", 5000, vocab_size=8192)
     config = StallsConfig("gpt2_tiny", str(tmp_path / "tok"), device="cpu", fetch_design="paired")

@@ -11,15 +11,21 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from gpulens.errors import UsageError
-from gpulens.workloads import datagen, pagecache
-from gpulens.workloads.datasets import (
+from gpulens.data import datagen, pagecache
+from gpulens.data.datasets import (
     TokenFileDataset,
     build_dataset,
     collate_with_timing,
     dataset_files,
     image_folder_dataset,
 )
+from gpulens.data.storage import (
+    StorageEmulation,
+    parse_bandwidth_bytes_per_s,
+    parse_duration_s,
+    read_file,
+)
+from gpulens.errors import UsageError
 from gpulens.workloads.models import get_workload
 from gpulens.workloads.prep_timing import (
     InstrumentedImageFolder,
@@ -28,12 +34,6 @@ from gpulens.workloads.prep_timing import (
     read_prep,
     record_sample,
     summarize_prep,
-)
-from gpulens.workloads.storage import (
-    StorageEmulation,
-    parse_bandwidth_bytes_per_s,
-    parse_duration_s,
-    read_file,
 )
 
 LINUX = sys.platform.startswith("linux")

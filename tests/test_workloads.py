@@ -11,9 +11,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from gpulens.errors import UsageError
-from gpulens.workloads import datagen
-from gpulens.workloads.datasets import (
+from gpulens.data import datagen
+from gpulens.data.datasets import (
     SyntheticImages,
     SyntheticTokens,
     TokenFileDataset,
@@ -21,6 +20,7 @@ from gpulens.workloads.datasets import (
     describe_dataset,
     image_folder_dataset,
 )
+from gpulens.errors import UsageError
 from gpulens.workloads.models import get_workload, list_workloads
 
 HEAVY = {"vgg16", "vit_b_16", "gpt2"}  # > 1 s each to build and run on two CPU cores

@@ -585,8 +585,8 @@ def demo(
     store: bool = typer.Option(True, "--store/--no-store", help="Log the run to MLflow."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
 ) -> None:
+    from gpulens.data.datagen import make_images
     from gpulens.report.terminal import render_train_summary
-    from gpulens.workloads.datagen import make_images
     from gpulens.workloads.devices import resolve_device
     from gpulens.workloads.train import TrainConfig
 
@@ -673,7 +673,7 @@ def data_make(
     force: bool = typer.Option(False, "--force", help="Replace a non-empty --out."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON document."),
 ) -> None:
-    from gpulens.workloads.datagen import make_images, make_tokens
+    from gpulens.data.datagen import make_images, make_tokens
 
     if kind not in ("images", "tokens"):
         raise UsageError(f"unknown data kind '{kind}': use images or tokens")

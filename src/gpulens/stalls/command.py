@@ -75,7 +75,7 @@ def run_stalls_command(
 ) -> StallResult:
     """Run ``argv`` ingestion-free, with PATH cached and with PATH cold (all stored), and break
     its time per sample into compute, prep stall and fetch stall."""
-    from gpulens.workloads import pagecache
+    from gpulens.data import pagecache
 
     if not argv:
         raise UsageError("no command given: gpulens stalls --data PATH -- python train.py ...")

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpulens.data.affinity import WORKER_AFFINITIES
 from gpulens.errors import UsageError
 from gpulens.stats import bounded_interval, rate_ci95
-from gpulens.workloads.affinity import WORKER_AFFINITIES
 
 log = logging.getLogger(__name__)
 

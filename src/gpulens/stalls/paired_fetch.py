@@ -93,7 +93,7 @@ def paired_fetch(
     """The workers' extra time per sample on cold files, from a paired cold run's prep rows
     over its measured window, with 95% CI half-widths; None when the run holds no paired
     blocks (no prep timing, or too short for a cold block between two cached ones)."""
-    from gpulens.workloads.paired import cold_mask
+    from gpulens.data.paired import cold_mask
     from gpulens.workloads.prep_timing import read_prep
 
     rows = read_prep(run_dir, start_unix_s, end_unix_s)

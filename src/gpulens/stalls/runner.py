@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpulens.data.bad_samples import SKIPPED_FILES_SHOWN
 from gpulens.errors import UsageError
 from gpulens.record.writer import amend_summary
 from gpulens.run.result import RunResult, role_name
@@ -30,7 +31,6 @@ from gpulens.stalls.read_stall import (
     wait_pct,
 )
 from gpulens.stalls.refine import refine
-from gpulens.workloads.bad_samples import SKIPPED_FILES_SHOWN
 from gpulens.workloads.train import LOADER_PREFETCH, TrainConfig, run_training
 
 log = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 
 def warm_page_cache(files: list[Path], notes: list[str]) -> None:
     """Read the dataset into the page cache; a note when RAM cannot hold it."""
-    from gpulens.workloads import pagecache
+    from gpulens.data import pagecache
 
     pagecache.warm(files)
     resident = pagecache.resident_fraction(files)
@@ -102,8 +102,8 @@ def run_stalls(
     import os
     import time
 
+    from gpulens.data.datasets import dataset_files, describe_dataset
     from gpulens.stalls.paired_fetch import paired_fetch
-    from gpulens.workloads.datasets import dataset_files, describe_dataset
     from gpulens.workloads.prep_timing import summarize_prep
 
     say = progress or (lambda _msg: None)
@@ -140,7 +140,7 @@ def run_stalls(
     result.device = free.summary["device"]
     batch = free.summary["batch_size"]
 
-    from gpulens.workloads import pagecache
+    from gpulens.data import pagecache
 
     cost_s: dict[str, float] = {}
     t_run0 = time.perf_counter()
@@ -221,7 +221,7 @@ def run_stalls(
     t_run0 = time.perf_counter()
     design = choose_fetch_design(config.fetch_design, info.get("kind"), workers, cached)
     if design == "paired":
-        from gpulens.workloads.paired import split_files
+        from gpulens.data.paired import split_files
 
         if not is_loader_bound(cached):
             result.notes.append(
@@ -419,7 +419,7 @@ def preflight(config: StallsConfig) -> dict[str, Any]:
     and the fetch design. Returns the effective config a cached run would get."""
     import torch
 
-    from gpulens.workloads.datasets import build_dataset
+    from gpulens.data.datasets import build_dataset
     from gpulens.workloads.devices import resolve_device
     from gpulens.workloads.models import get_workload
     from gpulens.workloads.train import resolve_config
@@ -473,7 +473,7 @@ def preflight(config: StallsConfig) -> dict[str, Any]:
             f"{eff['batch_size']}: make more data or lower --batch-size"
         )
     if config.fetch_design == "paired":
-        from gpulens.workloads.datasets import TokenFileDataset
+        from gpulens.data.datasets import TokenFileDataset
 
         if isinstance(dataset, TokenFileDataset):
             raise UsageError(

@@ -151,10 +151,10 @@ def validate(
     (%), their differences (points) and the measurement's own 95% CI half-widths (points).
 
     Each training run lasts ``steps`` measured steps or, with ``duration_s``, that long."""
+    from gpulens.data.datasets import dataset_files
+    from gpulens.data.loader_bench import measure_loader
+    from gpulens.data.pagecache import warm
     from gpulens.stalls import breakdown, is_loader_bound, measure_run
-    from gpulens.workloads.datasets import dataset_files
-    from gpulens.workloads.loader_bench import measure_loader
-    from gpulens.workloads.pagecache import warm
 
     say = progress or (lambda _msg: None)
     warm(dataset_files(data))

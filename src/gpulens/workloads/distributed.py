@@ -25,14 +25,14 @@ from typing import Any
 
 import torch
 
+from gpulens.data.bad_samples import SKIPPED_SAMPLES_FILE
 from gpulens.errors import GpulensError, RuntimeFailure, UsageError
 from gpulens.launch.processes import on_lasting_thread, set_parent_death_signal
 from gpulens.probes.environment import capture_environment
-from gpulens.probes.nvml.inventory import describe_gpus
 from gpulens.probes.monitor import Monitor, ProbeSpec
+from gpulens.probes.nvml.inventory import describe_gpus
 from gpulens.probes.steps import STEPS_SCHEMA, StepTimer
 from gpulens.record.writer import RunWriter
-from gpulens.workloads.bad_samples import SKIPPED_SAMPLES_FILE
 from gpulens.workloads.devices import nvml_index_for
 from gpulens.workloads.models import WorkloadSpec, get_workload
 

@@ -33,9 +33,7 @@ import pandas as pd
 import pyarrow as pa
 from torch.utils.data import Dataset, default_collate, get_worker_info
 
-from gpulens.record import schema
-from gpulens.record.writer import SeriesWriter
-from gpulens.workloads.bad_samples import (
+from gpulens.data.bad_samples import (
     BadSampleError,
     decode_rgb,
     note_skipped,
@@ -43,7 +41,9 @@ from gpulens.workloads.bad_samples import (
     too_many_bad,
     unreadable,
 )
-from gpulens.workloads.storage import StorageEmulation, read_file
+from gpulens.data.storage import StorageEmulation, read_file
+from gpulens.record import schema
+from gpulens.record.writer import SeriesWriter
 
 logger = logging.getLogger(__name__)
 

@@ -19,17 +19,17 @@ from typing import Any
 
 import torch
 
+from gpulens.data.affinity import WORKER_AFFINITIES, worker_init
+from gpulens.data.bad_samples import SKIPPED_SAMPLES_FILE, read_skipped
 from gpulens.errors import RuntimeFailure, UsageError
 from gpulens.probes.environment import capture_environment
-from gpulens.probes.nvml.inventory import describe_gpus
 from gpulens.probes.gpu_specs import peak_flops
 from gpulens.probes.monitor import Monitor, ProbeSpec
+from gpulens.probes.nvml.inventory import describe_gpus
 from gpulens.probes.steps import STEPS_SCHEMA, StepTimer
 from gpulens.probes.summary import summarize_gpu, summarize_host
 from gpulens.record.writer import RunWriter
 from gpulens.stats import rate_ci95, throughput_ci
-from gpulens.workloads.affinity import WORKER_AFFINITIES, worker_init
-from gpulens.workloads.bad_samples import SKIPPED_SAMPLES_FILE, read_skipped
 from gpulens.workloads.devices import nvml_index_for, resolve_device
 from gpulens.workloads.models import WorkloadSpec, get_workload
 
@@ -376,8 +376,8 @@ def build_loader(
     emulation), ``eff["workers"]`` worker processes, pinned memory on a GPU, endless shuffle.
     With ``eff["skip_bad_samples"]`` images that cannot be decoded are replaced, each skip
     logged to ``skip_log`` (the run record's ``skipped_samples.tsv``)."""
-    from gpulens.workloads.datasets import build_dataset, collate_with_timing
-    from gpulens.workloads.storage import StorageEmulation
+    from gpulens.data.datasets import build_dataset, collate_with_timing
+    from gpulens.data.storage import StorageEmulation
 
     batch = eff["batch_size"]
     storage = StorageEmulation(eff["storage_latency_s"], eff["storage_bandwidth_bytes_per_s"])
@@ -410,7 +410,7 @@ def build_loader(
 
 def _paired_sampler(dataset, eff: dict[str, Any]) -> torch.utils.data.Sampler:
     """The sampler of a paired cold run; storage emulation, if any, slows the cold half only."""
-    from gpulens.workloads.paired import PairedColdSampler, cold_mask
+    from gpulens.data.paired import PairedColdSampler, cold_mask
     from gpulens.workloads.prep_timing import InstrumentedImageFolder
 
     if not isinstance(dataset, InstrumentedImageFolder):
@@ -462,7 +462,7 @@ def prepare(
         batches = _synthetic_batches(spec, batch, device, eff["seed"] + rank, memory_format)
         eff["dataset"] = {"kind": "synthetic_on_device", "pool_batches": SYNTHETIC_POOL_BATCHES}
     else:
-        from gpulens.workloads.datasets import describe_dataset
+        from gpulens.data.datasets import describe_dataset
 
         loader = build_loader(spec, eff, device, timing_dir, rank, world_size, skip_log)
         batches = iter(loader)

@@ -8,11 +8,11 @@
   sidecar, memory-mapped.
 
 :func:`build_dataset` picks one for a :class:`~gpulens.workloads.models.WorkloadSpec`. The on-disk
-datasets take a :class:`~gpulens.workloads.storage.StorageEmulation` (slow storage, for real) and
+datasets take a :class:`~gpulens.data.storage.StorageEmulation` (slow storage, for real) and
 a ``timing_dir`` (per-sample read/decode/augment timing, see
 :mod:`gpulens.workloads.prep_timing`); pass :func:`collate_with_timing` as the DataLoader's
 ``collate_fn`` to time collation too. :func:`dataset_files` lists the files a dataset reads, for
-:mod:`gpulens.workloads.pagecache`.
+:mod:`gpulens.data.pagecache`.
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from gpulens.data.bad_samples import BadSampleError, load_rgb
+from gpulens.data.storage import StorageEmulation, pad_read
 from gpulens.errors import UsageError
-from gpulens.workloads.bad_samples import BadSampleError, load_rgb
 from gpulens.workloads.models import WorkloadSpec
-from gpulens.workloads.storage import StorageEmulation, pad_read
 
 logger = logging.getLogger(__name__)
 
@@ -184,7 +184,7 @@ def image_folder_dataset(
     used. With an active ``storage`` emulation, a ``timing_dir`` or ``skip_bad_samples`` the
     folder is wrapped in an :class:`~gpulens.workloads.prep_timing.InstrumentedImageFolder`
     (same items and attributes). A file that cannot be decoded raises a
-    :class:`~gpulens.workloads.bad_samples.BadSampleError` naming it, or with
+    :class:`~gpulens.data.bad_samples.BadSampleError` naming it, or with
     ``skip_bad_samples`` is replaced by the next readable image (each skip logged to
     ``skip_log``).
     """
@@ -292,7 +292,7 @@ class TokenFileDataset(Dataset):
     Opening checks the file against its sidecar (a file shorter than ``n_tokens`` is
     truncated). Every window is checked on the host, before any copy to a device, against the
     vocabulary (the sidecar's ``vocab_size``, else ``vocab_size`` given, the model's): an id
-    outside it is a :class:`~gpulens.workloads.bad_samples.BadSampleError` naming the file, the
+    outside it is a :class:`~gpulens.data.bad_samples.BadSampleError` naming the file, the
     id and the fix, where the model would raise ``IndexError`` on the CPU and a device-side
     assert on a GPU. The check is per window, not a scan at opening, so that a cold run's file
     stays out of the page cache until the run reads it.

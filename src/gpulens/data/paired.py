@@ -110,7 +110,7 @@ class PairedColdSampler(torch.utils.data.Sampler):
 def split_files(data: str, seed: int = 0) -> tuple[list[str], list[str]]:
     """The files of the image folder at ``data`` in the cold half and in the cached half, in
     the order the training's dataset indexes them (so :func:`cold_mask` means the same)."""
-    from gpulens.workloads.datasets import image_folder_dataset
+    from gpulens.data.datasets import image_folder_dataset
 
     samples = image_folder_dataset(data, 8).samples
     cold = cold_mask(len(samples), seed)

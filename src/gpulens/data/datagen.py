@@ -1,6 +1,6 @@
 """Generate on-disk datasets: ImageNet-like JPEGs and token files.
 
-Images land in ImageFolder layout, which :func:`gpulens.workloads.datasets.image_folder_dataset`
+Images land in ImageFolder layout, which :func:`gpulens.data.datasets.image_folder_dataset`
 reads directly::
 
     OUT/class_000/img_0000000.jpg
