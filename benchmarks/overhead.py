@@ -30,14 +30,10 @@ from pathlib import Path
 import torch
 
 from gpulens.stats import t95
+from gpulens.workloads.config import TrainConfig
 from gpulens.workloads.models import get_workload
-from gpulens.workloads.train import (
-    TrainConfig,
-    _autocast,
-    _optimizer,
-    _synthetic_batches,
-    run_training,
-)
+from gpulens.workloads.recipe import autocast_for, optimizer_for, synthetic_batches
+from gpulens.workloads.train import run_training
 
 CASES = {
     "resnet50_bf16_b256": dict(workload="resnet50", batch_size=256, precision="bf16"),
@@ -52,11 +48,11 @@ def training_step(case: dict):
     device = torch.device("cuda:0")
     model = spec.build().to(device).to(memory_format=torch.channels_last)
     model.train()
-    opt = _optimizer(spec, model)
-    batches = _synthetic_batches(spec, case["batch_size"], device, 0, torch.channels_last)
+    opt = optimizer_for(spec, model)
+    batches = synthetic_batches(spec, case["batch_size"], device, 0, torch.channels_last)
 
     def step_fn(x, y):
-        with _autocast(device, case["precision"]):
+        with autocast_for(device, case["precision"]):
             loss = spec.loss(model(x), y)
         loss.backward()
         opt.step()

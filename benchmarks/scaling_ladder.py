@@ -31,9 +31,10 @@ import torch
 
 from gpulens.predict.allreduce import calibrate_scaling, fit_ring_model
 from gpulens.stalls import breakdown, measure_run
+from gpulens.workloads.config import TrainConfig
 from gpulens.workloads.distributed import free_port, transport_env
 from gpulens.workloads.models import get_workload
-from gpulens.workloads.train import TrainConfig, run_training
+from gpulens.workloads.train import run_training
 
 SIZES_BYTES = [2**k for k in range(13, 29, 2)]  # 8 KiB .. 128 MiB, every factor of 4
 

@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 
 from gpulens.data.affinity import physical_cores, worker_cpus
-from gpulens.workloads.train import TrainConfig, run_training
+from gpulens.workloads.config import TrainConfig
+from gpulens.workloads.train import run_training
 
 
 def main() -> int:

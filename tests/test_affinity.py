@@ -11,7 +11,7 @@ import torch
 from gpulens.data import affinity
 from gpulens.data.affinity import PinWorkers, physical_cores, worker_cpus, worker_init
 from gpulens.errors import UsageError
-from gpulens.workloads.train import TrainConfig
+from gpulens.workloads.config import TrainConfig
 
 
 def _fake_sysfs(root: Path, cpu_core: dict[int, tuple[int, int]]) -> Path:

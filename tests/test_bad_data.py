@@ -80,7 +80,8 @@ def test_the_error_crosses_the_worker_boundary_as_a_gpulens_error(tmp_path, good
 
 
 def test_skipping_bad_images_keeps_full_batches_and_counts_them(tmp_path, good_images):
-    from gpulens.workloads.train import TrainConfig, run_training
+    from gpulens.workloads.config import TrainConfig
+    from gpulens.workloads.train import run_training
 
     root, bad = _damaged(tmp_path, good_images, "empty")
     (root / "class_002" / "img_0000002.jpg").write_text("not an image")
@@ -99,7 +100,8 @@ def test_skipping_bad_images_keeps_full_batches_and_counts_them(tmp_path, good_i
 
 
 def test_without_skipping_the_summary_counts_nothing(tmp_path, good_images):
-    from gpulens.workloads.train import TrainConfig, run_training
+    from gpulens.workloads.config import TrainConfig
+    from gpulens.workloads.train import run_training
 
     config = TrainConfig("tiny_cnn", data=str(good_images), device="cpu", steps=2,
                          warmup_steps=1, batch_size=4, workers=0)  # fmt: skip

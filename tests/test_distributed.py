@@ -12,8 +12,10 @@ from gpulens.errors import UsageError
 from gpulens.predict.allreduce import RingModel, calibrate_scaling, ddp_buckets, fit_ring_model
 from gpulens.record.reader import read_record, read_series_table
 from gpulens.stalls import Measured, breakdown, recommend
+from gpulens.workloads.config import TrainConfig
 from gpulens.workloads.distributed import parse_nccl_transports, transport_env
-from gpulens.workloads.train import EndlessShuffle, TrainConfig, run_training
+from gpulens.workloads.recipe import EndlessShuffle
+from gpulens.workloads.train import run_training
 
 # Lines as NCCL 2.2x writes them with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT.
 NCCL_P2P_LOG = """\

@@ -85,7 +85,7 @@ def test_steady_gpu_run_gets_its_interval_from_the_gpus_step_times():
     (2026-11-23): 120 steps, 4 s. The host's step times carry the asynchrony at the window's
     edges (first steps fast while the queue fills, the last slow at the synchronize) and give
     about ±2.8%; the GPU's own step times show the steady ~3766 samples/s to ±0.2%."""
-    from gpulens.workloads.train import ci_step_times
+    from gpulens.workloads.loop import ci_step_times
 
     rec = read_record(SYNTHETIC)
     steps = rec.series("steps")

@@ -6,7 +6,7 @@ import pytest
 
 from gpulens.data.loader_bench import measure_loader
 from gpulens.errors import UsageError
-from gpulens.workloads.train import TrainConfig
+from gpulens.workloads.config import TrainConfig
 
 
 @pytest.fixture(scope="module")

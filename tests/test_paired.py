@@ -18,7 +18,7 @@ from gpulens.stalls.paired_fetch import (
     paired_differences,
     paired_fetch,
 )
-from gpulens.workloads.train import TrainConfig
+from gpulens.workloads.config import TrainConfig
 
 FIXTURE = Path(__file__).parent / "fixtures" / "prep_h100_resnet50_paired"
 

@@ -382,7 +382,7 @@ def test_ci_uses_the_gpus_step_times_when_the_host_runs_ahead():
     """A steady GPU seen from an asynchronous host: fast first steps while the queue fills, a
     slow last one at the synchronize. The interval comes from the GPU's times."""
     from gpulens.stats import throughput_ci
-    from gpulens.workloads.train import ci_step_times
+    from gpulens.workloads.loop import ci_step_times
 
     host = [0.010] * 5 + [0.034] * 110 + [0.200]
     rows = [{"step_time_s": h, "gpu_step_time_s": 0.034} for h in host]

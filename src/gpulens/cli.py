@@ -112,7 +112,7 @@ def _monitor_cost(s: dict[str, Any]) -> dict[str, Any]:
 
 
 def _train_json(result) -> dict[str, Any]:
-    s = result.summary
+    s = result.as_dict()["summary"]
     doc = {
         "run_id": result.run_id,
         "status": "finished",
@@ -266,7 +266,7 @@ def run(
         return
 
     from gpulens.report.terminal import render_train_summary
-    from gpulens.workloads.train import TrainConfig
+    from gpulens.workloads.config import TrainConfig
 
     config = TrainConfig(
         workload=target[0], batch_size=batch_size, steps=steps, duration_s=duration,
@@ -281,7 +281,7 @@ def run(
     if json_out:
         _emit_json(_train_json(result))
     else:
-        render_train_summary(out, result.run_id, result.record_dir, result.summary)
+        render_train_summary(out, result.run_id, result.record_dir, result.as_dict()["summary"])
 
 
 def _run_command(argv: list[str], sample_hz: float, name, store: bool, json_out: bool) -> None:
@@ -587,8 +587,8 @@ def demo(
 ) -> None:
     from gpulens.data.datagen import make_images
     from gpulens.report.terminal import render_train_summary
+    from gpulens.workloads.config import TrainConfig
     from gpulens.workloads.devices import resolve_device
-    from gpulens.workloads.train import TrainConfig
 
     dev = resolve_device(device)
     gpu = dev.type == "cuda"
@@ -613,7 +613,7 @@ def demo(
     if json_out:
         _emit_json(_train_json(result))
     else:
-        render_train_summary(out, result.run_id, result.record_dir, result.summary)
+        render_train_summary(out, result.run_id, result.record_dir, result.as_dict()["summary"])
 
 
 # ------------------------------------------------------------------------------------ doctor

@@ -70,7 +70,7 @@ def _run_summary(record_dir: Path) -> dict[str, Any]:
     from gpulens.probes.summary import summarize_gpu, summarize_host
     from gpulens.record.reader import read_record
     from gpulens.stats import throughput_ci
-    from gpulens.workloads.train import ci_step_times
+    from gpulens.workloads.loop import ci_step_times
 
     rec = read_record(record_dir)
     s = rec.meta["summary"]

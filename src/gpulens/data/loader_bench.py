@@ -17,9 +17,10 @@ import torch
 
 from gpulens.errors import UsageError
 from gpulens.stats import throughput_ci
+from gpulens.workloads.config import LOADER_PREFETCH, TrainConfig, resolve_config
 from gpulens.workloads.devices import resolve_device
 from gpulens.workloads.models import get_workload
-from gpulens.workloads.train import LOADER_PREFETCH, TrainConfig, build_loader, resolve_config
+from gpulens.workloads.recipe import build_loader
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,8 @@ from gpulens.stalls.read_stall import (
     wait_pct,
 )
 from gpulens.stalls.refine import refine
-from gpulens.workloads.train import LOADER_PREFETCH, TrainConfig, run_training
+from gpulens.workloads.config import LOADER_PREFETCH, TrainConfig
+from gpulens.workloads.train import run_training
 
 log = logging.getLogger(__name__)
 
@@ -420,9 +421,9 @@ def preflight(config: StallsConfig) -> dict[str, Any]:
     import torch
 
     from gpulens.data.datasets import build_dataset
+    from gpulens.workloads.config import resolve_config
     from gpulens.workloads.devices import resolve_device
     from gpulens.workloads.models import get_workload
-    from gpulens.workloads.train import resolve_config
 
     spec = get_workload(config.workload)
     device = resolve_device(config.device)

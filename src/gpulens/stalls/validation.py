@@ -42,7 +42,8 @@ from typing import Any
 
 import pandas as pd
 
-from gpulens.workloads.train import TrainConfig, run_training
+from gpulens.workloads.config import TrainConfig
+from gpulens.workloads.train import run_training
 
 
 def _prep(result) -> dict[str, Any]:

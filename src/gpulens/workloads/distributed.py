@@ -28,13 +28,15 @@ import torch
 from gpulens.data.bad_samples import SKIPPED_SAMPLES_FILE
 from gpulens.errors import GpulensError, RuntimeFailure, UsageError
 from gpulens.launch.processes import on_lasting_thread, set_parent_death_signal
-from gpulens.probes.environment import capture_environment
-from gpulens.probes.monitor import Monitor, ProbeSpec
-from gpulens.probes.nvml.inventory import describe_gpus
+from gpulens.probes.monitor import ProbeSpec
 from gpulens.probes.steps import STEPS_SCHEMA, StepTimer
-from gpulens.record.writer import RunWriter
+from gpulens.run import RunResult, RunSession, measured_run
+from gpulens.workloads.config import resolve_config
 from gpulens.workloads.devices import nvml_index_for
+from gpulens.workloads.loop import LoopResult, StopControl, measured_loop
 from gpulens.workloads.models import WorkloadSpec, get_workload
+from gpulens.workloads.recipe import oom_message, prepare
+from gpulens.workloads.run_summary import summarize_run
 
 log = logging.getLogger(__name__)
 
@@ -155,10 +157,8 @@ def _check_devices(config, world: int) -> str:
 
 def run_distributed(
     config, spec: WorkloadSpec, runs_root: Path, progress, kind: str, role: str | None = None
-):
+) -> RunResult:
     """``run_training`` for ``config.gpus`` > 1 processes."""
-    from gpulens.workloads.train import TrainResult, finishing, resolve_config
-
     world = config.gpus
     device_type = _check_devices(config, world)
     device0 = torch.device("cuda:0" if device_type == "cuda" else "cpu")
@@ -168,43 +168,41 @@ def run_distributed(
     eff["backend"] = "nccl" if device_type == "cuda" else "gloo"
     eff["transport_env"] = env
     eff["rendezvous_addr"] = LOOPBACK
-    writer = RunWriter(
+    with measured_run(
         runs_root,
         kind=kind,
         name=config.name or f"{spec.name}-{world}x{device_type}-b{eff['batch_size']}",
         requested_config=asdict(config),
-        environment=capture_environment(describe_gpus()),
         role=role,
-    )
-    if device_type == "cuda" and "NCCL_DEBUG" not in os.environ:
-        # NCCL says which transport each channel took: the effective setting, logged.
-        env = {
-            **env,
-            "NCCL_DEBUG": "INFO",
-            "NCCL_DEBUG_SUBSYS": "INIT",
-            "NCCL_DEBUG_FILE": str(writer.dir / f"{NCCL_LOG_PREFIX}%p.log"),
-        }
-    nvml_indices = []
-    if device_type == "cuda":
-        nvml_indices = [nvml_index_for(torch.device(f"cuda:{i}")) for i in range(world)]
-    probes = [ProbeSpec("host", {"root_pid": os.getpid()})]
-    if nvml_indices:
-        probes.insert(0, ProbeSpec("gpu", {"indices": nvml_indices}))
-    else:
-        writer.update(unsupported={"gpu": "the run used the CPU"})
-    with finishing(writer, eff["batch_size"], device0):
-        summary = _spawn_and_summarize(
-            spec, eff, world, device0, writer, probes, nvml_indices, env, progress
-        )
-    return TrainResult(writer.run_id, writer.dir, summary)
+    ) as run:
+        run.oom_hint = oom_message(eff["batch_size"], device0)
+        if device_type == "cuda" and "NCCL_DEBUG" not in os.environ:
+            # NCCL says which transport each channel took: the effective setting, logged.
+            env = {
+                **env,
+                "NCCL_DEBUG": "INFO",
+                "NCCL_DEBUG_SUBSYS": "INIT",
+                "NCCL_DEBUG_FILE": str(run.dir / f"{NCCL_LOG_PREFIX}%p.log"),
+            }
+        nvml_indices = []
+        if device_type == "cuda":
+            nvml_indices = [nvml_index_for(torch.device(f"cuda:{i}")) for i in range(world)]
+        probes = [ProbeSpec("host", {"root_pid": os.getpid()})]
+        if nvml_indices:
+            probes.insert(0, ProbeSpec("gpu", {"indices": nvml_indices}))
+        else:
+            run.mark_unsupported("gpu", "the run used the CPU")
+        _spawn_and_summarize(spec, eff, world, device0, run, probes, nvml_indices, env, progress)
+    return run.result()
 
 
-def _spawn_and_summarize(spec, eff, world, device0, writer, probes, nvml_indices, env, progress):
+def _spawn_and_summarize(
+    spec, eff, world, device0, run: RunSession, probes, nvml_indices, env, progress
+):
     import torch.multiprocessing as mp
 
-    from gpulens.workloads.train import LoopResult, summarize_run
-
-    writer.update(effective_config=eff)
+    writer = run.writer
+    run.set_effective(eff)
     ctx = mp.get_context("spawn")
     messages = ctx.Queue()
     port = free_port()
@@ -230,8 +228,7 @@ def _spawn_and_summarize(spec, eff, world, device0, writer, probes, nvml_indices
                 error = msg[1]
                 error_exit_code = msg[2] if len(msg) > 2 else 1
 
-    monitor = Monitor(writer, probes, hz=eff["sample_hz"])
-    with monitor:
+    with run.monitor(probes, hz=eff["sample_hz"]):
         # Forked from a thread that lives as long as this process: each rank's parent-death
         # signal (armed in _rank_main) fires when this process dies, not when a thread ends.
         procs = on_lasting_thread(
@@ -264,7 +261,6 @@ def _spawn_and_summarize(spec, eff, world, device0, writer, probes, nvml_indices
             time.sleep(0.05)
     if result is None:
         raise RuntimeFailure(error or "the training processes ended without a result")
-    overhead = monitor.overhead()
     series = writer.series("steps", STEPS_SCHEMA)
     for row in result["rows"]:
         series.append(row)
@@ -275,21 +271,28 @@ def _spawn_and_summarize(spec, eff, world, device0, writer, probes, nvml_indices
         log.warning("NCCL was asked for sockets but reported %s", ", ".join(transports))
     measured = [r for r in result["rows"] if not r["warmup"]]
     # Rank 0's time in gpulens's step timer per step, on its training thread.
-    costs = {**overhead.as_dict(), "tracking_us_per_step": result.get("tracking_us_per_step")}
+    costs = {**run.monitor_costs(), "tracking_us_per_step": result.get("tracking_us_per_step")}
+    peak_mem_bytes = [peaks.get(r) for r in range(world)]
+    loop = LoopResult(**result["loop"])
     return summarize_run(
-        spec, eff, device0, writer, measured, costs, LoopResult(**result["loop"]),
-        nvml_indices, [peaks.get(r) for r in range(world)], world_size=world,
-    )  # fmt: skip
+        spec, eff, device0, writer, measured, costs, loop, nvml_indices, peak_mem_bytes, world
+    )
 
 
-def _rank_main(rank: int, world: int, eff: dict[str, Any], record_dir: str, port: int,
-               messages, env: dict[str, str], parent_pid: int | None = None) -> None:  # fmt: skip
+def _rank_main(
+    rank: int,
+    world: int,
+    eff: dict[str, Any],
+    record_dir: str,
+    port: int,
+    messages,
+    env: dict[str, str],
+    parent_pid: int | None = None,
+) -> None:
     """One training process (spawned): joins the group, trains, reports to the parent. It dies
     with the parent (SIGKILL when the parent dies, even by SIGKILL)."""
     set_parent_death_signal(signal.SIGKILL, parent_pid)
     import torch.distributed as dist
-
-    from gpulens.workloads.train import StopControl, measured_loop, oom_message, prepare
 
     os.environ.update(env)
     os.environ.update(loopback_env())

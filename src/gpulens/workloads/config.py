@@ -1,0 +1,185 @@
+"""What a training run asks for (``TrainConfig``) and what it runs with (``resolve_config``).
+
+Importable without torch: the requested config is checked here as far as it can be without a
+device; what needs the device (fp16 on a CPU) is checked when the config is resolved against it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gpulens.data.affinity import WORKER_AFFINITIES
+from gpulens.errors import UsageError
+
+if TYPE_CHECKING:
+    from gpulens.workloads.models import WorkloadSpec
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+DEFAULT_STEPS = 100
+# With --until-ci and no budget, stop after this long whatever the interval.
+DEFAULT_UNTIL_CI_BUDGET_S = 600.0
+NCCL_TRANSPORTS = ("default", "socket")
+LOADER_PREFETCH = 2  # batches each data-loader worker prepares ahead (PyTorch's default)
+
+
+@dataclass
+class TrainConfig:
+    """What the user asked for. ``None`` means "gpulens chooses"; the choice lands in the
+    effective config."""
+
+    workload: str
+    batch_size: int | None = None
+    steps: int | None = None
+    duration_s: float | None = None
+    warmup_steps: int | None = None
+    device: str | None = None
+    precision: str = "fp32"
+    workers: int | None = None
+    data: str = "synthetic"
+    until_ci_pct: float | None = None
+    sample_hz: float = 10.0
+    count_flops: bool = True
+    channels_last: bool | None = None
+    seed: int = 0
+    name: str | None = None
+    # Slow-storage emulation in the dataset reader (what-if runs, validation of attributions).
+    storage_latency_s: float = 0.0
+    storage_bandwidth_bytes_per_s: float | None = None
+    # Time read, decode, augment and collate in the loader workers (series prep_w*).
+    prep_timing: bool = False
+    # Data-parallel training (DDP): one process per GPU, each with ``batch_size`` samples.
+    gpus: int = 1
+    # NCCL transport between the GPUs: "default" (P2P/NVLink where NCCL finds it) or "socket"
+    # (no P2P, no shared memory: NCCL's network transport over TCP, as between hosts).
+    nccl_transport: str = "default"
+    ddp_bucket_mb: float | None = None
+    # Loader workers: "os" (where the scheduler puts them) or "cores" (one physical core each).
+    worker_affinity: str = "os"
+    # Paired cold reading (``gpulens stalls``): the loader workers alternate, every this many
+    # samples, between the half of the files kept in the page cache and the other half, which
+    # the caller evicted (or which storage emulation slows down); the run ends when that half
+    # is used up. Needs an image folder and prep timing.
+    paired_cold_block: int | None = None
+    # Images that cannot be decoded: stop with an error naming the file (False), or put the
+    # next readable image in their place and count them in the summary (True).
+    skip_bad_samples: bool = False
+
+    def __post_init__(self) -> None:
+        if self.batch_size is not None and self.batch_size <= 0:
+            raise UsageError(f"--batch-size must be a positive integer, got {self.batch_size}")
+        if self.steps is not None and self.steps <= 0:
+            raise UsageError(f"--steps must be a positive integer, got {self.steps}")
+        if self.duration_s is not None and self.duration_s <= 0:
+            raise UsageError(f"--duration must be positive seconds, got {self.duration_s}")
+        if self.steps is not None and self.duration_s is not None:
+            raise UsageError("give either --steps or --duration, not both")
+        if self.warmup_steps is not None and self.warmup_steps < 0:
+            raise UsageError(f"--warmup must be zero or more steps, got {self.warmup_steps}")
+        if self.precision not in PRECISIONS:
+            raise UsageError(
+                f"unknown precision '{self.precision}': use one of {', '.join(PRECISIONS)}"
+            )
+        if self.workers is not None and self.workers < 0:
+            raise UsageError(f"--workers must be zero or more, got {self.workers}")
+        if self.until_ci_pct is not None and not 0 < self.until_ci_pct < 100:
+            raise UsageError(
+                f"--until-ci must be a percentage in (0, 100), got {self.until_ci_pct}"
+            )
+        if self.sample_hz <= 0 or self.sample_hz > 1000:
+            raise UsageError(f"--sample-hz must be in (0, 1000], got {self.sample_hz}")
+        if self.gpus < 1:
+            raise UsageError(f"--gpus must be 1 or more, got {self.gpus}")
+        if self.nccl_transport not in NCCL_TRANSPORTS:
+            raise UsageError(
+                f"unknown NCCL transport '{self.nccl_transport}': use one of "
+                f"{', '.join(NCCL_TRANSPORTS)}"
+            )
+        if self.gpus == 1 and self.nccl_transport != "default":
+            raise UsageError("--nccl-transport needs --gpus 2 or more")
+        if self.worker_affinity not in WORKER_AFFINITIES:
+            raise UsageError(
+                f"unknown worker affinity '{self.worker_affinity}': use one of "
+                f"{', '.join(WORKER_AFFINITIES)}"
+            )
+        if self.ddp_bucket_mb is not None and self.ddp_bucket_mb <= 0:
+            raise UsageError(f"--ddp-bucket-mb must be positive, got {self.ddp_bucket_mb}")
+        if self.data == "synthetic" and (
+            self.storage_latency_s or self.storage_bandwidth_bytes_per_s
+        ):
+            raise UsageError("storage emulation needs on-disk data: give --data PATH")
+        if self.paired_cold_block is not None:
+            if self.paired_cold_block < 1:
+                raise UsageError(
+                    f"paired_cold_block must be 1 or more samples, got {self.paired_cold_block}"
+                )
+            if self.data == "synthetic" or not self.prep_timing or self.gpus > 1:
+                raise UsageError(
+                    "paired cold reading needs on-disk data, prep timing and one process"
+                )
+        if self.data != "synthetic" and not Path(self.data).expanduser().exists():
+            raise UsageError(
+                f"dataset path {self.data} does not exist: make one with "
+                f"`gpulens data make images --out {self.data} --n 1000` or use --data synthetic"
+            )
+
+
+def default_workers(data: str) -> int:
+    if data == "synthetic":
+        return 0
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(8, (cpus or 2) - 1))
+
+
+def resolve_config(config: TrainConfig, spec: WorkloadSpec, device: Any) -> dict[str, Any]:
+    """The effective config: every choice left to gpulens made."""
+    if device.type == "cpu" and config.precision == "fp16":
+        raise UsageError("fp16 training needs a GPU: use --precision bf16 or fp32 on the CPU")
+    if config.until_ci_pct is not None:
+        steps, duration = (
+            config.steps,
+            config.duration_s or (None if config.steps else DEFAULT_UNTIL_CI_BUDGET_S),
+        )
+    else:
+        steps = config.steps if config.steps or config.duration_s else DEFAULT_STEPS
+        duration = config.duration_s
+    workers = config.workers if config.workers is not None else default_workers(config.data)
+    warmup = config.warmup_steps
+    if warmup is None:
+        warmup = min(10, max(2, (steps or 50) // 10))
+        if config.data != "synthetic":
+            # The loader's queue starts full (workers x prefetch batches) and would hide a data
+            # bottleneck from the first measured steps: drain it during warm-up.
+            warmup = max(warmup, 2 * max(workers, 1) * LOADER_PREFETCH)
+    channels_last = config.channels_last
+    if channels_last is None:
+        channels_last = device.type == "cuda" and spec.task == "image_classification"
+    return {
+        "workload": spec.name,
+        "task": spec.task,
+        "batch_size": config.batch_size or spec.default_batch_size,
+        "steps": steps,
+        "duration_s": duration,
+        "warmup_steps": warmup,
+        "device": str(device),
+        "precision": config.precision,
+        "workers": workers,
+        "data": config.data,
+        "until_ci_pct": config.until_ci_pct,
+        "sample_hz": config.sample_hz,
+        "count_flops": config.count_flops,
+        "channels_last": bool(channels_last),
+        "storage_latency_s": config.storage_latency_s,
+        "storage_bandwidth_bytes_per_s": config.storage_bandwidth_bytes_per_s,
+        "prep_timing": config.prep_timing,
+        "gpus": config.gpus,
+        "nccl_transport": config.nccl_transport,
+        "ddp_bucket_mb": config.ddp_bucket_mb,
+        "worker_affinity": config.worker_affinity,
+        "paired_cold_block": config.paired_cold_block,
+        "skip_bad_samples": config.skip_bad_samples,
+        "seed": config.seed,
+        "optimizer": None,  # filled once built
+    }

@@ -1,0 +1,169 @@
+"""The measured loop: warm up, then train until the step count, the time budget or the
+throughput's confidence-interval target is met, timing every step."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from gpulens.errors import RuntimeFailure
+from gpulens.probes.steps import StepTimer
+from gpulens.stats import throughput_ci
+from gpulens.workloads.recipe import Prepared
+
+log = logging.getLogger(__name__)
+
+# progress(step, total_steps or None, elapsed_s, info)
+ProgressFn = Callable[[int, int | None, float, dict[str, Any]], None]
+
+
+@dataclass
+class LoopResult:
+    """What the measured loop saw: enough for the summary."""
+
+    wall_measured_s: float
+    t_measure0: float  # unix time of the measured window's start and end
+    t_measure1: float
+    stop_reason: str
+    flops_per_step: float | None
+
+
+class StopControl:
+    """Agrees on when to stop across the processes of a distributed run: rank 0 decides and
+    broadcasts its decision every ``every`` measured steps over a CPU (gloo) group, so no
+    rank is left waiting in an all-reduce."""
+
+    REASONS = ("", "steps", "duration", "until_ci", "data")
+
+    def __init__(self, group, every: int = 10):
+        self.group = group
+        self.every = every
+
+    def agree(self, reason: str | None) -> str | None:
+        import torch.distributed as dist
+
+        code = torch.tensor([self.REASONS.index(reason or "")], dtype=torch.int64)
+        dist.broadcast(code, src=0, group=self.group)
+        return self.REASONS[int(code.item())] or None
+
+    def barrier(self) -> None:
+        import torch.distributed as dist
+
+        dist.barrier(group=self.group)
+
+
+def measured_loop(
+    prepared: Prepared,
+    eff: dict[str, Any],
+    device: torch.device,
+    timer: StepTimer,
+    progress: ProgressFn | None,
+    samples_per_step: int,
+    control: StopControl | None = None,
+    flop_counter: Callable[[Callable[[], Any]], float | None] | None = None,
+) -> LoopResult:
+    """Warm up, then train until the step count, the time budget or the CI target is met.
+    With ``eff["count_flops"]`` (one process only) the first step runs under ``flop_counter``
+    (default :func:`count_flops`)."""
+    cuda = device.type == "cuda"
+    memory_format = prepared.memory_format
+    batches, step_fn = prepared.batches, prepared.step_fn
+    flops_per_step: float | None = None
+    warmup, max_steps, budget_s = eff["warmup_steps"], eff["steps"], eff["duration_s"]
+    t_measure0 = time.time()
+    t_run0 = time.perf_counter()
+    measure_start = None
+    stop_reason = "steps"
+    step = 0
+    while True:
+        timer.warmup_steps = warmup
+        timer.begin_step()
+        try:
+            x, y = next(batches)
+        except StopIteration:  # a paired cold run used up its cold files
+            if measure_start is None:
+                raise RuntimeFailure(
+                    f"the data ran out after {step} of {warmup} warm-up steps: use more data"
+                ) from None
+            stop_reason = "data"
+            break
+        timer.batch_ready()
+        if x.device != device:
+            x = x.to(device, non_blocking=True, memory_format=memory_format)
+            y = y.to(device, non_blocking=True)
+        elif eff["channels_last"] and x.dim() == 4:
+            x = x.contiguous(memory_format=memory_format)
+        timer.copy_done()
+        if step == 0 and eff["count_flops"] and control is None:
+            flops_per_step = (flop_counter or count_flops)(lambda x=x, y=y: step_fn(x, y))
+        else:
+            step_fn(x, y)
+        timer.end_step(samples=samples_per_step)
+        step += 1
+        if step == warmup:
+            if cuda:
+                torch.cuda.synchronize(device)
+                torch.cuda.reset_peak_memory_stats(device)
+            if control is not None:
+                control.barrier()
+            measure_start = time.perf_counter()
+            t_measure0 = time.time()
+        measured = step - warmup
+        elapsed = time.perf_counter() - (measure_start or t_run0)
+        if progress is not None:
+            progress(step, (max_steps + warmup) if max_steps else None, elapsed, {})
+        if measured <= 0:
+            continue
+        if max_steps is not None and measured >= max_steps:
+            stop_reason = "steps"  # every rank counts the same steps: no need to agree
+            break
+        if control is not None and measured % control.every:
+            continue
+        wanted = None
+        if budget_s is not None and elapsed >= budget_s:
+            wanted = "duration"
+        elif eff["until_ci_pct"] is not None and measured >= 20 and measured % 10 == 0:
+            ci = throughput_ci(ci_step_times(timer.measured_rows()), samples_per_step)
+            if ci is not None and ci.ci95_pct <= eff["until_ci_pct"]:
+                wanted = "until_ci"
+        if control is not None:
+            wanted = control.agree(wanted)
+        if wanted:
+            stop_reason = wanted
+            break
+    if cuda:
+        torch.cuda.synchronize(device)
+    t_measure1 = time.time()
+    wall_measured_s = time.perf_counter() - (measure_start or t_run0)
+    return LoopResult(wall_measured_s, t_measure0, t_measure1, stop_reason, flops_per_step)
+
+
+def count_flops(fn: Callable[[], Any]) -> float | None:
+    """FLOPs of one training step (forward, backward, optimizer) by torch's flop counter."""
+    try:
+        from torch.utils.flop_counter import FlopCounterMode
+
+        with FlopCounterMode(display=False) as counter:
+            fn()
+        return float(counter.get_total_flops())
+    except Exception as exc:  # an op the counter does not know must not stop the run
+        log.warning("could not count FLOPs: %s", exc)
+        fn()
+        return None
+
+
+def ci_step_times(rows: list[dict[str, Any]]) -> list[float]:
+    """Step times for the throughput's confidence interval: the GPU's (between consecutive
+    step starts on the stream) where known, else the host's. The host runs ahead of an
+    asynchronous GPU, so its first steps look fast and the step before a synchronize slow:
+    edge effects that widen a short run's interval tenfold though the GPU's pace is steady."""
+    gpu = [t for r in rows if (t := r.get("gpu_step_time_s")) is not None and t > 0]
+    # Rows resolve in order, and the last one never has a GPU time (no next step start).
+    if len(gpu) >= max(2, len(rows) - 1 - 8):
+        return gpu
+    return [r["step_time_s"] for r in rows if r["step_time_s"] is not None]
