@@ -43,7 +43,7 @@ colocate)
        --no-store --json)
   timeout "${COLOCATE_TIMEOUT_S:-400}" "${cmd[@]}" > "$OUT/colocate.raw.json"
   echo "rc=$?"
-  wrap "$OUT/colocate.raw.json" "$OUT/colocate-resnet50_resnet18-refactor-$gpu-$day.json" "${cmd[@]}"
+  wrap "$OUT/colocate.raw.json" "$OUT/colocate-resnet50_resnet18-$tag-$gpu-$day.json" "${cmd[@]}"
   ;;
 *) echo "usage: $0 stalls|colocate" >&2; exit 2 ;;
 esac
