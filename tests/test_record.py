@@ -126,12 +126,14 @@ def test_command_record_exists_before_the_slow_start_up(tmp_path, monkeypatch):
     """A run stopped while NVML starts or torch imports (the first seconds) leaves a record:
     killed, with the requested command."""
     from gpulens.launch import command
+    from gpulens.probes.nvml import inventory
     from gpulens.record.reader import list_records
 
     def interrupted(*_a, **_k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(command, "describe_gpus", interrupted)
+    # measured_run starts NVML (describe_gpus) before it captures the environment
+    monkeypatch.setattr(inventory, "describe_gpus", interrupted)
     with pytest.raises(KeyboardInterrupt):
         command.run_command(["true", "--epochs", "1"], tmp_path / "runs")
     (rec,) = list_records(tmp_path / "runs")

@@ -15,12 +15,12 @@ import torch
 
 from gpulens.cli import main
 from gpulens.record.reader import list_records
+from gpulens.record.tracker import read_tracker_summary
 from gpulens.workloads.tracking import (
     FIRST_PASS_ENV,
     INGESTION_FREE_BATCHES,
     INGESTION_FREE_ENV,
     Tracker,
-    read_tracker_summary,
 )
 
 

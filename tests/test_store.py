@@ -429,7 +429,7 @@ def test_missing_mlflow_names_the_extra(monkeypatch, tmp_path):
 def test_steps_of_several_ranks_become_one_metric_series_per_rank(tmp_path):
     """A torchrun run's steps (one file, a ``rank`` column): ``steps/rank<R>/...`` metrics, not
     two ranks' points interleaved under one key."""
-    from gpulens.workloads.tracking_ranks import RANK_STEPS_SCHEMA
+    from gpulens.record.tracker import RANK_STEPS_SCHEMA
 
     w = RunWriter(tmp_path / "runs", kind="script", run_id="ranks-run")
     steps = w.series("steps", RANK_STEPS_SCHEMA)

@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 
 from gpulens.record.reader import list_records, read_record
+from gpulens.record.tracker import combine, read_tracker_summary
 from gpulens.workloads import tracking
-from gpulens.workloads.tracking import Tracker, read_tracker_summary
-from gpulens.workloads.tracking_ranks import RankInfo, combine, rank_info
+from gpulens.workloads.tracking import Tracker
+from gpulens.workloads.tracking_ranks import RankInfo, rank_info
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "train_tracked.py"

@@ -44,7 +44,6 @@ environment variables change what ``data()`` does (the script itself stays the s
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import math
 import os
@@ -57,36 +56,37 @@ from typing import Any
 from gpulens.paths import runs_dir
 from gpulens.probes.steps import STEPS_SCHEMA, StepTimer
 from gpulens.record import schema
+from gpulens.record.tracker import (
+    RANK_STEPS_SCHEMA,
+    RUN_DIR_ENV,
+    RUNNING,
+    STRAGGLER_PCT,
+    TRACKER_FILE,
+    finalize_ranks,
+    rank_series_name,
+    run_status,
+    write_rank_file,
+)
 from gpulens.record.writer import SeriesWriter, atomic_write_json
 from gpulens.stats import throughput_ci
 from gpulens.workloads.tracking_batches import batch_size, describe_loader, length, to_device
 from gpulens.workloads.tracking_ranks import (
     GROUPS_DIR,
-    RANK_STEPS_SCHEMA,
-    RUNNING,
-    STRAGGLER_PCT,
     RankInfo,
-    finalize_ranks,
     group_key,
     join_group,
     leave_group,
     rank_info,
-    rank_series_name,
     rank_wait_s,
-    read_rank_files,
-    run_status,
     status_of,
     wait_for_ranks,
-    write_rank_file,
 )
 
 log = logging.getLogger(__name__)
 
-RUN_DIR_ENV = "GPULENS_RUN_DIR"
 INGESTION_FREE_ENV = "GPULENS_INGESTION_FREE"
 FIRST_PASS_ENV = "GPULENS_FIRST_PASS_ONLY"
 INGESTION_FREE_BATCHES = 4  # batches taken from the loader and then repeated
-TRACKER_FILE = "tracker.json"
 
 
 def _env_on(name: str) -> bool:
@@ -489,26 +489,3 @@ class Tracker:
 def track(name: str | None = None, samples_per_step: int | None = None, **kwargs) -> Tracker:
     """Start tracking this script's training loop (see the module docstring)."""
     return Tracker(name=name, samples_per_step=samples_per_step, **kwargs)
-
-
-def read_tracker_summary(run_dir: Path) -> dict[str, Any] | None:
-    """The tracker's summary of a run, or None where the script did not use the tracker.
-
-    Under torchrun (``tracker-rank<R>.json`` files) the ranks are combined first: call it once
-    the command has ended (as ``gpulens run`` does); it merges the ranks' steps into
-    ``series/steps.parquet`` and writes the combined ``tracker.json`` (see
-    :mod:`gpulens.workloads.tracking_ranks` for the fields). Never raises.
-    """
-    run_dir = Path(run_dir)
-    try:
-        docs = read_rank_files(run_dir)
-        if docs:
-            return finalize_ranks(run_dir, docs)
-    except Exception as exc:
-        log.warning("gpulens: could not combine the ranks' summaries in %s: %s", run_dir, exc)
-    path = run_dir / TRACKER_FILE
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) else None
