@@ -368,3 +368,18 @@ def test_token_errors_name_the_fix(tmp_path):
     with pytest.raises(UsageError, match="--n must be positive"):
         datagen.make_tokens(tmp_path / "zero", n_tokens=0)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "short"]
+
+
+def test_collocated_training_uses_the_optimizer_of_gpulens_run():
+    """The colocate worker and `gpulens run` had drifted (ViT: SGD vs AdamW)."""
+    import torch
+
+    from gpulens.workloads.colocate_job import _Job, parse_job
+    from gpulens.workloads.models import get_workload
+    from gpulens.workloads.recipe import optimizer_for
+
+    for name in ("vit_b_16", "tiny_cnn"):
+        spec = get_workload(name)
+        want = type(optimizer_for(spec, torch.nn.Linear(2, 2)))
+        job = _Job(parse_job(f"{name}:batch=1"), torch.device("cpu"), priority=None, seed=0)
+        assert type(job.opt) is want, name

@@ -242,10 +242,10 @@ class _Job:
         )
         if job.kind == "train":
             model.train()
-            if spec.is_language_model:
-                self.opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
-            else:
-                self.opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+            # the optimizer rule of `gpulens run` (ViT gets AdamW in both now)
+            from gpulens.workloads.recipe import optimizer_for
+
+            self.opt = optimizer_for(spec, model)
             self.scaler = torch.amp.GradScaler(device.type) if job.precision == "fp16" else None
         else:
             model.eval()
