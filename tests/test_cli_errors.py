@@ -14,8 +14,7 @@ import pytest
 from rich.console import Console
 
 import gpulens
-import gpulens.cli as cli
-import gpulens.cli_runs as cli_runs
+import gpulens.cli.common as common
 from gpulens.cli import main
 from gpulens.record.writer import RunWriter
 
@@ -102,7 +101,7 @@ def test_doctor_names_the_store_extra(capsys, monkeypatch):
     import gpulens.store.mlflow_sink as mlflow_sink
 
     monkeypatch.setattr(mlflow_sink, "is_available", lambda: False)
-    monkeypatch.setattr(cli, "out", Console(width=300))
+    monkeypatch.setattr(common, "out", Console(width=300))
     code, out, _ = run_cli(capsys, "doctor")
     assert code == 0
     assert "pip install 'gpulens[store]'" in out
@@ -200,7 +199,7 @@ def test_run_names_are_never_markup(capsys, gpulens_home, monkeypatch):
     runs = gpulens_home / "runs"
     _record(runs, "20240301-000001-aaaaaa", MARKUP_NAME)
     _record(runs, "20240301-000002-bbbbbb", "[/]")
-    monkeypatch.setattr(cli_runs, "out", Console(width=250))
+    monkeypatch.setattr(common, "out", Console(width=250))
     code, out, err = run_cli(capsys, "runs", "list")
     assert code == 0, err
     assert MARKUP_NAME in out
@@ -222,7 +221,7 @@ def test_colocate_logs_its_record_to_the_store(capsys, gpulens_home, monkeypatch
     doc = {"run_id": "20240301-000003-cccccc", "jobs": [], "results": [], "recommendation": "x"}
     monkeypatch.setattr(colocate, "run_colocate", lambda *_a, **_kw: dict(doc))
     stored = []
-    monkeypatch.setattr(cli, "_store", lambda record_dir, enabled: stored.append(enabled))
+    monkeypatch.setattr(common, "store_record", lambda record_dir, enabled: stored.append(enabled))
     code, out, err = run_cli(capsys, "colocate", "tiny_cnn", "tiny_cnn", "--json")
     assert code == 0, err
     assert stored == [True]

@@ -7,7 +7,7 @@ import json
 
 from rich.console import Console
 
-import gpulens.cli as cli
+import gpulens.cli.common as common
 from gpulens.cli import main
 from gpulens.report.progress import ProgressReporter
 
@@ -96,7 +96,7 @@ def test_stalls_reports_each_phase_on_stderr_with_json(capsys, tmp_path, monkeyp
     data = tmp_path / "images"
     data.mkdir()
     monkeypatch.setattr(stalls, "run_stalls", fake_run_stalls)
-    monkeypatch.setattr(cli, "err", Console(stderr=True, force_terminal=False, width=200))
+    monkeypatch.setattr(common, "err", Console(stderr=True, force_terminal=False, width=200))
     code = main(["stalls", "tiny_cnn", "--data", str(data), "--no-store", "--json"])
     captured = capsys.readouterr()
     assert code == 0, captured.err

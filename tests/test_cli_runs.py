@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 from typer.testing import CliRunner
 
-from gpulens.cli_runs import runs_app
+from gpulens.cli.runs import runs_app
 from gpulens.errors import MissingExtraError, UsageError
 from gpulens.record.writer import RunWriter
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from gpulens.cli import _train_json
+from gpulens.cli.run import train_json
 from gpulens.report.terminal import render_train_summary
 from gpulens.run import RunResult
 
@@ -49,7 +49,7 @@ def test_new_monitor_fields_and_interval():
     assert "1,200.0–1,270.0" in text
     assert "monitor overhead" not in text
     assert "/x/[r1]" in text  # a path is not markup
-    doc = _train_json(RunResult(run_id="r1", record_dir=Path("/x"), kind="train", summary=summary))
+    doc = train_json(RunResult(run_id="r1", record_dir=Path("/x"), kind="train", summary=summary))
     assert doc["sampler_cpu_pct_of_core"] == 3.25 and doc["tracking_us_per_step"] == 41.0
     assert doc["throughput_ci95_samples_per_s"] == [1200.0, 1270.0]
     assert "monitor_overhead_pct" not in doc
@@ -60,6 +60,6 @@ def test_old_records_fall_back_to_monitor_overhead_pct():
     text = _render(summary)
     assert "sampler CPU (share of one core)" in text and "7.60%" in text
     assert "gpulens time per step" not in text  # not measured in old records: not shown
-    doc = _train_json(RunResult(run_id="r1", record_dir=Path("/x"), kind="train", summary=summary))
+    doc = train_json(RunResult(run_id="r1", record_dir=Path("/x"), kind="train", summary=summary))
     assert doc["sampler_cpu_pct_of_core"] == 7.6 and doc["tracking_us_per_step"] is None
     assert "throughput_ci95_samples_per_s" not in doc

@@ -14,13 +14,12 @@ from typing import Any
 
 import typer
 from rich import box
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from gpulens.cli import common
 from gpulens.paths import default_tracking_uri, runs_dir
 from gpulens.record.reader import DamagedRecord, RunRecord, scan_records
-from gpulens.report.output import emit_json
 from gpulens.store.queries import (
     EXPORT_FORMATS,
     REL_DIFF_COLUMN,
@@ -41,9 +40,6 @@ runs_app = typer.Typer(
     rich_markup_mode=None,
 )
 
-out = Console()
-err = Console(stderr=True)
-
 _STATUS_STYLE = {
     "finished": "green",
     "running": "cyan",
@@ -55,7 +51,7 @@ _LIST_METRICS = ("throughput_samples_per_s", "wall_s")
 
 
 def _emit_json(doc: Any) -> None:
-    emit_json(json_safe(doc))
+    common.emit_json(json_safe(doc))
 
 
 def _cell(value: Any, max_chars: int = 200) -> Text:
@@ -166,7 +162,7 @@ def list_runs(
         )
         return
     if not rows:
-        out.print(
+        common.out.print(
             f"[dim]no runs in {runs_dir()}: start one with `gpulens run`[/dim]", soft_wrap=True
         )
         return
@@ -176,14 +172,14 @@ def list_runs(
         box=box.SIMPLE_HEAD,
         pad_edge=False,
     )
-    columns = _fit_columns(out.width)
+    columns = _fit_columns(common.out.width)
     for header, _, width, kwargs in columns:
         table.add_column(header, no_wrap=True, min_width=width, **kwargs)
     for row in rows:
         table.add_row(*(cell(row) for _, cell, _, _ in columns))
-    out.print(table)
+    common.out.print(table)
     for bad in damaged:
-        err.print(Text(bad.message(), style="red"), soft_wrap=True)
+        common.err.print(Text(bad.message(), style="red"), soft_wrap=True)
 
 
 # ----------------------------------------------------------------------------- show
@@ -239,20 +235,20 @@ def show(
     table.add_column(overflow="fold")
     for key, value in head.items():
         table.add_row(key, value if key == "status" else _cell(value, 10_000))
-    out.print(table)
+    common.out.print(table)
     eff = flatten(meta.get("effective_config") or {}, keep_none=True)
     req = flatten(meta.get("requested_config") or {}, keep_none=True)
     if eff or req:
-        out.print(_kv_table("config", eff, ("effective", eff), ("requested", req)))
+        common.out.print(_kv_table("config", eff, ("effective", eff), ("requested", req)))
     env = flatten(meta.get("environment") or {})
     if env:
-        out.print(_kv_table("environment", env))
+        common.out.print(_kv_table("environment", env))
     summary = flatten(meta.get("summary") or {})
     if summary:
-        out.print(_kv_table("summary", summary))
+        common.out.print(_kv_table("summary", summary))
     unsupported = flatten(meta.get("unsupported") or {})
     if unsupported:
-        out.print(_kv_table("not measured (and why)", unsupported))
+        common.out.print(_kv_table("not measured (and why)", unsupported))
     st = Table(title="series", title_justify="left")
     for col in ("name", "rows", "format", "columns"):
         st.add_column(col, overflow="fold")
@@ -261,12 +257,12 @@ def show(
         if s.get("damaged"):
             columns = Text("damaged: see below", style="red")
         st.add_row(Text(s["name"]), _cell(s["rows"]), s["format"], columns)
-    out.print(st if series else Text("no series recorded", style="dim"))
+    common.out.print(st if series else Text("no series recorded", style="dim"))
     for s in series:
         if s.get("damaged"):
-            err.print(Text.assemble(("warning: ", "yellow"), s["damaged"]), soft_wrap=True)
+            common.err.print(Text.assemble(("warning: ", "yellow"), s["damaged"]), soft_wrap=True)
     for entry in mlflow:
-        out.print(
+        common.out.print(
             Text(
                 f"mlflow: run {entry.get('mlflow_run_id')} in experiment "
                 f"'{entry.get('experiment')}' at {entry.get('tracking_uri')}",
@@ -320,7 +316,7 @@ def compare(
         if REL_DIFF_COLUMN in df.columns:
             cells.append(_pct(row[REL_DIFF_COLUMN]))
         table.add_row(Text(str(field)), *cells)
-    out.print(table)
+    common.out.print(table)
 
 
 # ----------------------------------------------------------------------------- export
@@ -336,7 +332,7 @@ def export(
     if json_out:
         _emit_json({"run_id": record.run_id, "format": fmt, "path": str(path)})
     else:
-        out.print(Text(f"exported {record.run_id} ({fmt}) to {path}"), soft_wrap=True)
+        common.out.print(Text(f"exported {record.run_id} ({fmt}) to {path}"), soft_wrap=True)
 
 
 # ----------------------------------------------------------------------------- sync
@@ -351,11 +347,11 @@ def sync(
     from gpulens.store.mlflow_sink import sync_all
 
     tracking_uri = uri or default_tracking_uri()
-    quiet = json_out and not err.is_terminal
+    quiet = json_out and not common.err.is_terminal
 
     def progress(i: int, total: int, run_id: str) -> None:
         if run_id and not quiet:
-            err.print(Text(f"syncing {i + 1}/{total}: {run_id}", style="dim"))
+            common.err.print(Text(f"syncing {i + 1}/{total}: {run_id}", style="dim"))
 
     results = sync_all(tracking_uri=tracking_uri, experiment=experiment, on_record=progress)
     synced = [{"run_id": rid, "mlflow_run_id": res} for rid, res in results if isinstance(res, str)]
@@ -374,22 +370,22 @@ def sync(
             }
         )
     elif not results:
-        out.print(
+        common.out.print(
             Text(f"nothing to sync: every ended run is already in {tracking_uri}"), soft_wrap=True
         )
     else:
         for item in synced:
-            out.print(Text(f"{item['run_id']} -> mlflow run {item['mlflow_run_id']}"))
+            common.out.print(Text(f"{item['run_id']} -> mlflow run {item['mlflow_run_id']}"))
         for item in failed:
             line = Text.assemble((f"{item['run_id']} failed: ", "red"), item["error"])
-            out.print(line, soft_wrap=True)
-        out.print(
+            common.out.print(line, soft_wrap=True)
+        common.out.print(
             Text(f"{len(synced)} synced, {len(failed)} failed, store: {tracking_uri}", style="dim"),
             soft_wrap=True,
         )
     if failed:
         # exit 1: a script must notice that some runs are not in the store
-        err.print(
+        common.err.print(
             Text(
                 f"error: {len(failed)} of {len(results)} runs could not be synced to "
                 f"{tracking_uri}; fix the store and run `gpulens runs sync` again"

@@ -1,0 +1,150 @@
+"""What every ``gpulens`` command shares: the consoles, progress, the one JSON document, the store
+call, and the rules for "a built-in workload or a command after ``--``".
+
+The command modules use these through the module (``common.err``, ``common.store_record(...)``),
+so a test patches one name here and every command sees it.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import sys
+from collections.abc import Collection
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from gpulens.errors import UsageError
+from gpulens.report import output
+from gpulens.report.progress import ProgressReporter
+
+log = logging.getLogger("gpulens.cli")
+
+out = Console()
+err = Console(stderr=True)
+# ``args``: the arguments main() was given (not sys.argv: main(argv) is called in-process too).
+state: dict[str, Any] = {"debug": False, "args": None}
+
+DEVICE_HELP = "cuda:N or cpu [default: cuda:0 if there is a GPU, else cpu]."
+SKIP_BAD_HELP = (
+    "Images that cannot be decoded (corrupt, truncated, empty, not an image): put the next "
+    "readable image in their place and count them (skipped_samples) instead of stopping at "
+    "the first."
+)
+JSON_HELP = "Print one JSON document on stdout."
+
+
+def after_dashes() -> bool:
+    """Whether the command line has a `--` (what follows is a command to run)."""
+    args = state["args"] if state["args"] is not None else sys.argv[1:]
+    return "--" in args
+
+
+def mb_per_s_to_bytes(mb_per_s: float | None) -> float | None:
+    """Megabytes (10^6 bytes) per second to bytes per second; None or 0: no limit."""
+    return mb_per_s * 1e6 if mb_per_s else None
+
+
+def emit_json(doc: Any) -> None:
+    output.emit_json(doc)
+
+
+def progress(label: str, unit: str = "") -> ProgressReporter:
+    """Progress on stderr: a spinner on a terminal, a plain line per phase otherwise (also with
+    --json: stdout keeps its one document)."""
+    return ProgressReporter(err, label, unit=unit)
+
+
+def warn(label: str, text: str) -> None:
+    err.print(Text.assemble((label, "yellow"), text), soft_wrap=True, highlight=False)
+
+
+def store_record(record_dir: Path | None, enabled: bool) -> str | None:
+    """Log a record (finished, failed or killed) to MLflow when it is installed; bounded wait,
+    never raises: a store that is down leaves the record local for `gpulens runs sync`."""
+    if not enabled or record_dir is None or not Path(record_dir).is_dir():
+        return None
+    from gpulens.store.background import log_finished
+
+    outcome = log_finished(record_dir)
+    if outcome.status in ("unavailable", "failed", "pending"):
+        warn("not stored in MLflow: ", outcome.message)
+    return outcome.mlflow_run_id
+
+
+# --------------------------------------------------------------- workload or command
+@dataclass(frozen=True)
+class Target:
+    """What ``run`` and ``stalls`` were asked to measure: a built-in workload or a command."""
+
+    workload: str | None = None
+    command: tuple[str, ...] = ()
+
+    @property
+    def is_command(self) -> bool:
+        return bool(self.command)
+
+
+def _runnable(word: str) -> bool:
+    return shutil.which(word) is not None or Path(word).exists()
+
+
+def resolve_target(args: list[str] | None, example: str = "") -> Target:
+    """The one rule for ``gpulens run`` and ``gpulens stalls``.
+
+    - one word that names a built-in workload (and no program of that name): the workload;
+    - after ``--``, or several words, or one word that is a program or a path: a command;
+    - a workload name followed by more words that is no program: a usage error (both given);
+    - one word that is neither a workload nor a program, without ``--``: unknown workload.
+    """
+    from gpulens.workloads.models import list_workloads
+
+    args = list(args or [])
+    if not args:
+        raise UsageError(
+            "give a built-in workload (see `gpulens workloads`) or a command after --"
+            + (f": {example}" if example else "")
+        )
+    known = {w.name for w in list_workloads()}
+    first = args[0]
+    if first in known and not _runnable(first):
+        if len(args) > 1:
+            raise UsageError(f"give either the workload '{first}' or a command after --, not both")
+        if not after_dashes():
+            return Target(workload=first)
+        raise UsageError(f"'{first}' is a built-in workload, not a program: give it without --")
+    if len(args) == 1 and not after_dashes() and not _runnable(first):
+        raise UsageError(
+            f"unknown workload '{first}'; choose one of: {', '.join(sorted(known))} "
+            "(or give a command after --)"
+        )
+    return Target(command=tuple(args))
+
+
+def given_on_command_line(ctx: typer.Context, name: str) -> bool:
+    """Whether the option ``name`` (its parameter name) was typed, not left at its default."""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name == "COMMANDLINE"
+
+
+def reject_workload_only_options(ctx: typer.Context, command_ok: Collection[str]) -> None:
+    """A command after ``--`` takes only the options in ``command_ok`` (parameter names); any
+    other option typed on the command line applies to built-in workloads only."""
+    typed = [
+        param.opts[0]
+        for param in ctx.command.params
+        if param.name not in command_ok
+        and param.opts
+        and param.opts[0].startswith("-")
+        and given_on_command_line(ctx, param.name)
+    ]
+    if typed:
+        raise UsageError(
+            f"{', '.join(typed)} apply to built-in workloads only; pass your script's own "
+            "options after --"
+        )
