@@ -234,7 +234,7 @@ def test_data_make_tokens_then_train_the_language_model_on_them(capsys, tmp_path
     assert json.loads(out)["n_tokens"] == 20000
     code, out, err = run_cli(
         capsys, "run", "gpt2_tiny", "--data", str(tokens), "--steps", "2", "--batch-size", "2",
-        "--warmup", "1", "--device", "cpu", "--workers", "0", "--no-store", "--json",
+        "--warmup-steps", "1", "--device", "cpu", "--workers", "0", "--no-store", "--json",
     )  # fmt: skip
     assert code == 0, err
     doc = json.loads(out)

@@ -296,7 +296,7 @@ def test_a_colocate_experiment_that_measured_nothing_exits_1(capsys):
     bad = f'cmd:{sys.executable} -c "import sys; sys.exit(3)"'
     code, out, err = run_cli(
         capsys, "colocate", bad, "cmd:true", "--device", "cpu", "--mechanisms", "time-slice",
-        "--duration", "0.5", "--warmup", "0", "--no-store", "--json",
+        "--duration", "0.5", "--warmup-s", "0", "--no-store", "--json",
     )  # fmt: skip
     assert code == 1
     doc = json.loads(out)  # exactly one document: the experiment's, with its status

@@ -42,6 +42,7 @@ def parse_csv(text: str, what: str, cast=str) -> tuple:
 
 
 def colocate(
+    ctx: typer.Context,
     jobs: list[str] = typer.Argument(None, help="Two or more jobs (see above)."),
     mechanisms: str = typer.Option(
         "time-slice,streams,mps,mig", "--mechanisms", help="Comma-separated mechanisms."
@@ -64,7 +65,8 @@ def colocate(
         help="With inference and training mixed, also run streams with inference at high priority.",
     ),
     duration: float = typer.Option(15.0, "--duration", help="Measured seconds per run."),
-    warmup: float = typer.Option(3.0, "--warmup", help="Warm-up seconds before each run."),
+    warmup_s: float = typer.Option(3.0, "--warmup-s", help="Warm-up seconds before each run."),
+    old_warmup: float = typer.Option(None, "--warmup", hidden=True),  # deprecated: --warmup-s
     device: str = typer.Option(None, "--device", help=DEVICE_HELP),
     max_slowdown: float = typer.Option(
         None,
@@ -106,6 +108,7 @@ def colocate(
 
     from gpulens.report.colocate import render_colocate
 
+    warmup_s = common.deprecated_alias(ctx, "warmup_s", "old_warmup")
     config = ColocateConfig(
         jobs=specs,
         mechanisms=parse_csv(mechanisms, "--mechanisms"),
@@ -114,7 +117,7 @@ def colocate(
         mps_mem_limit=mps_mem_limit,
         stream_priorities=priorities,
         duration_s=duration,
-        warmup_s=warmup,
+        warmup_s=warmup_s,
         device=device,
         max_slowdown=max_slowdown,
         name=name,

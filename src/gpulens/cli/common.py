@@ -132,6 +132,27 @@ def given_on_command_line(ctx: typer.Context, name: str) -> bool:
     return source is not None and source.name == "COMMANDLINE"
 
 
+def deprecated_alias(ctx: typer.Context, new: str, old: str) -> Any:
+    """The value of option ``new`` (a parameter name), or of its hidden deprecated spelling
+    ``old`` with a one-line note on stderr; both typed is a usage error. Old spellings are kept
+    for one release (see CHANGELOG.md)."""
+    flags = {p.name: p.opts[0] for p in ctx.command.params}
+    if not given_on_command_line(ctx, old):
+        return ctx.params[new]
+    if given_on_command_line(ctx, new):
+        raise UsageError(f"give {flags[new]} only ({flags[old]} is its deprecated old name)")
+    err.print(
+        Text(
+            f"note: {flags[old]} is deprecated and goes in the next release: use {flags[new]} "
+            "(same meaning)",
+            style="yellow",
+        ),
+        soft_wrap=True,
+        highlight=False,
+    )
+    return ctx.params[old]
+
+
 def reject_workload_only_options(ctx: typer.Context, command_ok: Collection[str]) -> None:
     """A command after ``--`` takes only the options in ``command_ok`` (parameter names); any
     other option typed on the command line applies to built-in workloads only."""

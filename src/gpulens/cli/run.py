@@ -148,7 +148,10 @@ def run(
     batch_size: int = typer.Option(None, "--batch-size", "-b", help="Samples per step."),
     steps: int = typer.Option(None, "--steps", help="Measured steps after warm-up [default: 100]."),
     duration: float = typer.Option(None, "--duration", help="Measured seconds instead of steps."),
-    warmup: int = typer.Option(None, "--warmup", help="Warm-up steps, excluded from results."),
+    warmup_steps: int = typer.Option(
+        None, "--warmup-steps", help="Warm-up steps, excluded from results."
+    ),
+    old_warmup: int = typer.Option(None, "--warmup", hidden=True),  # deprecated: --warmup-steps
     device: str = typer.Option(None, "--device", help=DEVICE_HELP),
     precision: str = typer.Option("fp32", "--precision", help="fp32, bf16 or fp16."),
     workers: int = typer.Option(
@@ -162,9 +165,14 @@ def run(
     storage_latency_ms: float = typer.Option(
         0.0, "--storage-latency-ms", help="Emulate slow storage: added latency per file read."
     ),
-    storage_bandwidth_mbps: float = typer.Option(
-        None, "--storage-bandwidth-mbps", help="Emulate slow storage: MB/s per loader worker."
+    storage_bandwidth_mb_s: float = typer.Option(
+        None,
+        "--storage-bandwidth-mb-s",
+        help="Emulate slow storage: megabytes (10^6 bytes) per second per loader worker.",
     ),
+    old_storage_bandwidth: float = typer.Option(
+        None, "--storage-bandwidth-mbps", hidden=True
+    ),  # deprecated: --storage-bandwidth-mb-s
     prep_timing: bool = typer.Option(
         False, "--prep-timing", help="Time read/decode/augment/collate in the loader workers."
     ),
@@ -196,12 +204,14 @@ def run(
 
     from gpulens.workloads.config import TrainConfig
 
+    warmup_steps = common.deprecated_alias(ctx, "warmup_steps", "old_warmup")
+    bandwidth_mb_s = common.deprecated_alias(ctx, "storage_bandwidth_mb_s", "old_storage_bandwidth")
     config = TrainConfig(
         workload=found.workload,
         batch_size=batch_size,
         steps=steps,
         duration_s=duration,
-        warmup_steps=warmup,
+        warmup_steps=warmup_steps,
         device=device,
         precision=precision,
         workers=workers,
@@ -215,7 +225,7 @@ def run(
         ddp_bucket_mb=ddp_bucket_mb,
         worker_affinity=worker_affinity,
         storage_latency_s=storage_latency_ms / 1000.0,
-        storage_bandwidth_bytes_per_s=common.mb_per_s_to_bytes(storage_bandwidth_mbps),
+        storage_bandwidth_bytes_per_s=common.mb_per_s_to_bytes(bandwidth_mb_s),
         skip_bad_samples=skip_bad_samples,
     )
     show_training(train_and_store(config, store), json_out)

@@ -73,9 +73,14 @@ def stalls(
         "--storage-latency-ms",
         help="Emulate slow storage: per-file latency for the cold files.",
     ),
-    storage_bandwidth_mbps: float = typer.Option(
-        None, "--storage-bandwidth-mbps", help="Emulate slow storage: MB/s per reader."
+    storage_bandwidth_mb_s: float = typer.Option(
+        None,
+        "--storage-bandwidth-mb-s",
+        help="Emulate slow storage: megabytes (10^6 bytes) per second per reader.",
     ),
+    old_storage_bandwidth: float = typer.Option(
+        None, "--storage-bandwidth-mbps", hidden=True
+    ),  # deprecated: --storage-bandwidth-mb-s
     fetch_design: str = typer.Option(
         "auto",
         "--fetch-design",
@@ -101,6 +106,9 @@ def stalls(
                 list(found.command), data, runs_dir(), progress=progress.phase
             )
     else:
+        bandwidth_mb_s = common.deprecated_alias(
+            ctx, "storage_bandwidth_mb_s", "old_storage_bandwidth"
+        )
         config = StallsConfig(
             workload=found.workload,
             data=data,
@@ -114,7 +122,7 @@ def stalls(
             time_budget_s=time_budget,
             worker_affinity=worker_affinity,
             storage_latency_s=storage_latency_ms / 1000.0,
-            storage_bandwidth_bytes_per_s=common.mb_per_s_to_bytes(storage_bandwidth_mbps),
+            storage_bandwidth_bytes_per_s=common.mb_per_s_to_bytes(bandwidth_mb_s),
             fetch_design=fetch_design,
             skip_bad_samples=skip_bad_samples,
         )
