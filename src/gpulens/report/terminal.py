@@ -13,6 +13,8 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from gpulens.run.advice import advise
+
 
 def _fmt(value: Any, unit: str = "", digits: int = 1) -> str:
     if value is None:
@@ -26,36 +28,14 @@ def _ms(value_s: float | None) -> str:
     return "[dim]n/a[/dim]" if value_s is None else f"{1000 * value_s:,.2f} ms"
 
 
+# The last line of every run summary: where to go from here.
+COMPARE_TIP = "compare runs with `gpulens runs compare RUN RUN`; list them with `gpulens runs list`"
+
+
 def next_steps(summary: dict[str, Any]) -> list[str]:
-    """What to look at next, from the numbers (most telling first)."""
-    tips: list[str] = []
-    phases = summary.get("phases_s") or {}
-    step = phases.get("step") or 0
-    wait = phases.get("data_wait") or 0
-    if step and wait / step > 0.10:
-        tips.append(
-            f"the loop waits for data {100 * wait / step:.0f}% of each step: try more --workers "
-            f"(this run had {summary.get('workers')}); decoding and augmenting JPEGs is CPU work"
-        )
-    gpu = summary.get("gpu") or {}
-    util = gpu.get("gpu_util_pct")
-    if util is not None and util < 70:
-        tips.append(
-            f"GPU utilization is only {util:.0f}%: the GPU is idle between steps; a larger "
-            "--batch-size or --precision bf16 gives it more work per launch"
-        )
-    mfu = summary.get("mfu")
-    if mfu is not None and mfu < 0.3 and summary.get("precision") == "fp32":
-        tips.append("MFU is low in fp32: try --precision bf16 to use the tensor cores")
-    ci = summary.get("throughput_ci95_pct")
-    if ci is not None and ci > 5:
-        tips.append(f"the throughput is uncertain (±{ci:.1f}%): run longer or use --until-ci 2")
-    if summary.get("device") == "cpu":
-        tips.append("this ran on the CPU: `gpulens doctor` says what a GPU machine would add")
-    tips.append(
-        "compare runs with `gpulens runs compare RUN RUN`; list them with `gpulens runs list`"
-    )
-    return tips
+    """What to look at next: the run's advice (``gpulens.run.advice``, most telling first) and
+    how to compare runs. Rendering only: the bars are in ``advise``."""
+    return [a.text for a in advise(summary)] + [COMPARE_TIP]
 
 
 def render_train_summary(
