@@ -63,3 +63,21 @@ def test_old_records_fall_back_to_monitor_overhead_pct():
     doc = train_json(RunResult(run_id="r1", record_dir=Path("/x"), kind="train", summary=summary))
     assert doc["sampler_cpu_pct_of_core"] == 7.6 and doc["tracking_us_per_step"] is None
     assert "throughput_ci95_samples_per_s" not in doc
+
+
+def test_run_and_demo_share_one_json_builder_with_fixed_keys():
+    import gpulens.cli.run as cli_run
+
+    summary = {**BASE, "sampler_cpu_pct_of_core": 1.0, "tracking_us_per_step": 2.0}
+    doc = cli_run.train_json(
+        RunResult(run_id="r1", record_dir=Path("/x"), kind="demo", summary=summary)
+    )
+    assert list(doc) == [
+        "run_id", "status", "record_dir", "workload", "device", "precision", "batch_size",
+        "measured_steps", "throughput_samples_per_s", "throughput_ci95_pct", "phases_s", "gpu",
+        "host", "sampler_cpu_pct_of_core", "tracking_us_per_step", "mfu", "flops_per_sample",
+    ]  # fmt: skip
+    with_skips = {**summary, "skipped_samples": 2, "skipped_files_total": 1, "skipped_files": []}
+    result = RunResult(run_id="r1", record_dir=Path("/x"), kind="train", summary=with_skips)
+    doc = cli_run.train_json(result)
+    assert list(doc)[-3:] == ["skipped_samples", "skipped_files_total", "skipped_files"]
