@@ -14,7 +14,6 @@ MAX_LINES = 500
 # Issue 13 is not finished: these files are still over the limit, at most this long. The list
 # may only shrink (a file split off it must be removed from it, and no file may join it).
 OVER_LIMIT_YET = {
-    "cli.py": 800,
     "experiments/colocate.py": 1010,
     "data/datasets.py": 560,
     "workloads/prep_timing.py": 520,
