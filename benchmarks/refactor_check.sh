@@ -39,7 +39,7 @@ stalls)
 colocate)
   step colocate
   cmd=(python3 -m gpulens.cli colocate resnet50:batch=64 resnet18:batch=64
-       --mechanisms time-slice,streams,mps --mps-thread-pct 25,50,100 --duration 8 --warmup 2
+       --mechanisms time-slice,streams,mps --mps-thread-pct 25,50,100 --duration 8 --warmup-s 2
        --no-store --json)
   timeout "${COLOCATE_TIMEOUT_S:-400}" "${cmd[@]}" > "$OUT/colocate.raw.json"
   echo "rc=$?"

@@ -106,7 +106,7 @@ class ColocateConfig:
         if self.mps_limit_target not in ("auto", "all", "train"):
             raise UsageError("--mps-limit must be auto, all or train")
         if self.duration_s <= 0 or self.warmup_s < 0:
-            raise UsageError("--duration must be positive and --warmup zero or more seconds")
+            raise UsageError("--duration must be positive and --warmup-s zero or more")
         if self.max_slowdown is not None and self.max_slowdown < 1:
             raise UsageError(
                 f"--max-slowdown is a factor >= 1 (1.5 = each job keeps 2/3 of its speed), "

@@ -77,7 +77,7 @@ class TrainConfig:
         if self.steps is not None and self.duration_s is not None:
             raise UsageError("give either --steps or --duration, not both")
         if self.warmup_steps is not None and self.warmup_steps < 0:
-            raise UsageError(f"--warmup must be zero or more steps, got {self.warmup_steps}")
+            raise UsageError(f"--warmup-steps must be zero or more, got {self.warmup_steps}")
         if self.precision not in PRECISIONS:
             raise UsageError(
                 f"unknown precision '{self.precision}': use one of {', '.join(PRECISIONS)}"
