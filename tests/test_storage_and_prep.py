@@ -19,6 +19,13 @@ from gpulens.data.datasets import (
     dataset_files,
     image_folder_dataset,
 )
+from gpulens.data.prep_timing import (
+    InstrumentedImageFolder,
+    TimedCollate,
+    close_timing,
+    read_prep,
+    record_sample,
+)
 from gpulens.data.storage import (
     StorageEmulation,
     parse_bandwidth_bytes_per_s,
@@ -26,15 +33,8 @@ from gpulens.data.storage import (
     read_file,
 )
 from gpulens.errors import UsageError
+from gpulens.stalls.prep_summary import summarize_prep
 from gpulens.workloads.models import get_workload
-from gpulens.workloads.prep_timing import (
-    InstrumentedImageFolder,
-    TimedCollate,
-    close_timing,
-    read_prep,
-    record_sample,
-    summarize_prep,
-)
 
 LINUX = sys.platform.startswith("linux")
 
@@ -279,7 +279,7 @@ def test_prep_rows_of_records_made_before_the_index_column_still_read(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from gpulens.workloads.prep_timing import PREP_SCHEMA, read_prep
+    from gpulens.data.prep_timing import PREP_SCHEMA, read_prep
 
     old = pa.schema([f for f in PREP_SCHEMA if f.name != "index"])
     rows = [{"time_unix_s": 1.0, "worker_id": 0, "read_s": 0.001, "decode_s": 0.002,

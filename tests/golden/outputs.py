@@ -89,8 +89,9 @@ def _run_summary(record_dir: Path) -> dict[str, Any]:
 
 
 def _prep_and_paired(record_dir: Path) -> dict[str, Any]:
+    from gpulens.data.prep_timing import read_prep
     from gpulens.stalls.paired_fetch import paired_fetch
-    from gpulens.workloads.prep_timing import read_prep, summarize_prep
+    from gpulens.stalls.prep_summary import summarize_prep
 
     meta = json.loads((record_dir / "run.json").read_text())
     s, eff = meta["summary"], meta["effective_config"]

@@ -10,7 +10,7 @@
 :func:`build_dataset` picks one for a :class:`~gpulens.workloads.models.WorkloadSpec`. The on-disk
 datasets take a :class:`~gpulens.data.storage.StorageEmulation` (slow storage, for real) and
 a ``timing_dir`` (per-sample read/decode/augment timing, see
-:mod:`gpulens.workloads.prep_timing`); pass :func:`collate_with_timing` as the DataLoader's
+:mod:`gpulens.data.prep_timing`); pass :func:`collate_with_timing` as the DataLoader's
 ``collate_fn`` to time collation too. :func:`dataset_files` lists the files a dataset reads, for
 :mod:`gpulens.data.pagecache`.
 """
@@ -182,7 +182,7 @@ def image_folder_dataset(
 
     A root holding only ``train/``/``val/`` splits is accepted: the split matching ``train`` is
     used. With an active ``storage`` emulation, a ``timing_dir`` or ``skip_bad_samples`` the
-    folder is wrapped in an :class:`~gpulens.workloads.prep_timing.InstrumentedImageFolder`
+    folder is wrapped in an :class:`~gpulens.data.prep_timing.InstrumentedImageFolder`
     (same items and attributes). A file that cannot be decoded raises a
     :class:`~gpulens.data.bad_samples.BadSampleError` naming it, or with
     ``skip_bad_samples`` is replaced by the next readable image (each skip logged to
@@ -205,7 +205,7 @@ def image_folder_dataset(
         raise UsageError(f"{root} holds no images: {_make_images_hint(root)}")
     logger.debug("image folder %s: %d images, %d classes", root, len(ds), len(ds.classes))
     if (storage is not None and storage.active) or timing_dir is not None or skip_bad_samples:
-        from gpulens.workloads.prep_timing import InstrumentedImageFolder
+        from gpulens.data.prep_timing import InstrumentedImageFolder
 
         return InstrumentedImageFolder(
             ds,
@@ -389,7 +389,7 @@ class TokenFileDataset(Dataset):
         pad_read(self.storage, nbytes, t0)
         read_s = time.perf_counter() - t0
         if self.timing_dir is not None:
-            from gpulens.workloads.prep_timing import record_sample
+            from gpulens.data.prep_timing import record_sample
 
             cpu_s = time.thread_time() - c0
             record_sample(self.timing_dir, read_s, 0.0, 0.0, nbytes, cpu_s)
@@ -473,7 +473,7 @@ def collate_with_timing(timing_dir: str | os.PathLike | None) -> Callable | None
     (default collation), or None when ``timing_dir`` is None (use the DataLoader's default)."""
     if timing_dir is None:
         return None
-    from gpulens.workloads.prep_timing import TimedCollate
+    from gpulens.data.prep_timing import TimedCollate
 
     return TimedCollate(timing_dir)
 

@@ -84,7 +84,7 @@ def measure_loader(
     log.info("loader alone: %.1f samples/s ± %.1f%%", ci.samples_per_s, ci.ci95_pct)
     busy_s = handover_s = None
     if timing_dir is not None and workers > 0:
-        from gpulens.workloads.prep_timing import summarize_prep
+        from gpulens.stalls.prep_summary import summarize_prep
 
         busy_s = summarize_prep(
             timing_dir, ci.samples_per_s, start_unix_s=t_start_unix_s, end_unix_s=t_end_unix_s

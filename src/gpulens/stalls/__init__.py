@@ -24,8 +24,8 @@ As in Stash, the components are taken to add up: the shares are of the time per 
 N-GPU run, ``t_cold + (t_N - t_1) + (t_socket - t_N)``, per GPU.
 
 Layout: ``model`` (pooling, the breakdown, what-if, recommendations), ``read_stall`` (the read
-timers, loader-bound), ``refine`` (the repeat planner), ``prep_summary`` is in
-``gpulens.workloads.prep_timing`` for now, ``paired_fetch`` (the paired design's estimate),
+timers, loader-bound), ``refine`` (the repeat planner), ``prep_summary`` (where
+data-prep time goes), ``paired_fetch`` (the paired design's estimate),
 ``config`` (what is asked and what comes back), ``runner`` and ``command`` (make the runs:
 built-in workload or a command), ``validation`` (against injected storage latency). Everything
 but the runners imports without torch.

@@ -105,7 +105,7 @@ def run_stalls(
 
     from gpulens.data.datasets import dataset_files, describe_dataset
     from gpulens.stalls.paired_fetch import paired_fetch
-    from gpulens.workloads.prep_timing import summarize_prep
+    from gpulens.stalls.prep_summary import summarize_prep
 
     say = progress or (lambda _msg: None)
     t0 = time.perf_counter()

@@ -48,7 +48,7 @@ from gpulens.workloads.train import run_training
 
 def _prep(result) -> dict[str, Any]:
     """The workers' timing over the run's measured window."""
-    from gpulens.workloads.prep_timing import summarize_prep
+    from gpulens.stalls.prep_summary import summarize_prep
 
     s = result.summary
     return summarize_prep(

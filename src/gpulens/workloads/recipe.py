@@ -200,7 +200,7 @@ def build_loader(
 def paired_sampler(dataset, eff: dict[str, Any]) -> torch.utils.data.Sampler:
     """The sampler of a paired cold run; storage emulation, if any, slows the cold half only."""
     from gpulens.data.paired import PairedColdSampler, cold_mask
-    from gpulens.workloads.prep_timing import InstrumentedImageFolder
+    from gpulens.data.prep_timing import InstrumentedImageFolder
 
     if not isinstance(dataset, InstrumentedImageFolder):
         raise UsageError("paired cold reading needs an image folder dataset (one file per sample)")
