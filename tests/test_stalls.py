@@ -400,7 +400,7 @@ def test_ci_uses_the_gpus_step_times_when_the_host_runs_ahead():
 @pytest.fixture()
 def no_runs(monkeypatch):
     """Any run started fails the test: every check must come before the first run."""
-    from gpulens.stalls import runner as stalls
+    from gpulens.stalls import runner as stalls  # the training backend calls run_training
 
     def refuse(*_args, **_kwargs):
         raise AssertionError("a run started before the options were checked")

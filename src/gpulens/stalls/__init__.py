@@ -24,11 +24,13 @@ As in Stash, the components are taken to add up: the shares are of the time per 
 N-GPU run, ``t_cold + (t_N - t_1) + (t_socket - t_N)``, per GPU.
 
 Layout: ``model`` (pooling, the breakdown, what-if, recommendations), ``read_stall`` (the read
-timers, loader-bound), ``refine`` (the repeat planner), ``prep_summary`` (where
-data-prep time goes), ``paired_fetch`` (the paired design's estimate),
-``config`` (what is asked and what comes back), ``runner`` and ``command`` (make the runs:
-built-in workload or a command), ``validation`` (against injected storage latency). Everything
-but the runners imports without torch.
+timers, loader-bound), ``refine`` (the repeat planner), ``prep_summary`` (where data-prep time
+goes), ``paired_fetch`` (the paired design's estimate), ``analysis`` (a breakdown from stored
+runs, by role), ``config`` (what is asked, the checks before any run, what comes back),
+``runner`` (the one orchestrator: each run made through a backend, training or command, and
+the books kept), ``workload`` and ``command`` (the two flows over it), ``validation`` (against
+injected storage latency). All but ``runner``, ``workload``, ``command`` and ``validation``
+import without torch.
 """
 
 from __future__ import annotations
@@ -36,7 +38,13 @@ from __future__ import annotations
 from typing import Any
 
 from gpulens.stalls.analysis import StallAnalysis
-from gpulens.stalls.config import FETCH_DESIGNS, RUN_KINDS, StallResult, StallsConfig
+from gpulens.stalls.config import (
+    FETCH_DESIGNS,
+    RUN_KINDS,
+    StallResult,
+    StallsConfig,
+    preflight,
+)
 from gpulens.stalls.model import (
     COMPONENTS,
     PAIRED_KIND,
@@ -60,9 +68,9 @@ from gpulens.stalls.read_stall import (
 from gpulens.stalls.refine import MAX_REPEATS, refine
 
 _RUNNERS = {
-    "run_stalls": "gpulens.stalls.runner",
-    "preflight": "gpulens.stalls.runner",
-    "choose_fetch_design": "gpulens.stalls.runner",
+    "run_stalls": "gpulens.stalls.workload",
+    "choose_fetch_design": "gpulens.stalls.workload",
+    "StallRunner": "gpulens.stalls.runner",
     "warm_page_cache": "gpulens.stalls.runner",
     "run_stalls_command": "gpulens.stalls.command",
 }
@@ -86,6 +94,7 @@ __all__ = [
     "measure_run",
     "pooled",
     "pooled_paired",
+    "preflight",
     "read_stall_from_paired",
     "read_stall_from_timers",
     "recommend",

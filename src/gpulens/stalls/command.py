@@ -11,24 +11,24 @@ and runs three times under the monitor, each a stored run of kind ``stalls``:
   Where no eviction works, there is no cold run and the notes say why: a warm read is never
   reported as cold.
 
-Throughput and its CI come from the tracker's summary of each run; the breakdown, what-if and
-recommendations are those of :mod:`gpulens.stalls`. Interconnect and network stalls
-need runs gpulens launches itself and are null here.
+Throughput and its CI come from the tracker's summary of each run; the runs are made, and the
+books kept, by :class:`~gpulens.stalls.runner.StallRunner` with its command backend, as for a
+built-in workload. Interconnect and network stalls need runs gpulens launches itself and are
+null here.
 """
 
 from __future__ import annotations
 
 import os
 import shlex
-import time
 from pathlib import Path
 
 from gpulens.errors import RuntimeFailure, UsageError
-from gpulens.launch.command import CommandResult, run_command
+from gpulens.run.result import RunResult
 from gpulens.stalls.config import ProgressFn, StallResult
-from gpulens.stalls.model import breakdown, measure_run, recommend, what_if
-from gpulens.stalls.runner import warm_page_cache
-from gpulens.workloads.tracking import FIRST_PASS_ENV, INGESTION_FREE_BATCHES, INGESTION_FREE_ENV
+from gpulens.stalls.model import measure_run
+from gpulens.stalls.runner import CommandBackend, StallRunner, warm_page_cache
+from gpulens.workloads.tracking import INGESTION_FREE_ENV
 
 NO_STEPS = "the script did not report steps: wrap its loader in gpulens.track().data(...)"
 MIN_COLD_STEPS = 3  # measured steps of the first pass below which no fetch stall is given
@@ -53,7 +53,7 @@ def _label(argv: list[str]) -> str:
     return Path(argv[0]).name
 
 
-def _check_steps(r: CommandResult, kind: str) -> None:
+def _check_steps(r: RunResult, kind: str) -> None:
     s = r.summary
     if not s.get("steps_total") and not s.get("measured_steps"):
         raise UsageError(
@@ -92,38 +92,10 @@ def run_stalls_command(
     sizes = [f.stat().st_size for f in files if f.is_file()]
     if not sizes:
         raise UsageError(f"no files under {data_path}: give the folder the script reads")
-    say = progress or (lambda _msg: None)
-    t0 = time.perf_counter()
-    command = shlex.join(argv)
-    label = _label(argv)
-    result = StallResult(workload=command, device=None)  # type: ignore[arg-type]
-
-    def run(kind: str, ingestion_free: bool = False, first_pass: bool = False) -> CommandResult:
-        say(f"{kind} run")
-        env = {INGESTION_FREE_ENV: "1" if ingestion_free else "0"}
-        env[FIRST_PASS_ENV] = "1" if first_pass else "0"
-        r = run_command(
-            argv, runs_root, sample_hz=sample_hz, name=f"stalls-{label}-{kind}",
-            stdout_to_stderr=True, kind="stalls", extra_env=env,
-            config={"stalls_run": kind, "data": str(data_path)},
-        )  # fmt: skip
-        result.runs[kind] = r.run_id
-        if r.status == "killed":
-            raise KeyboardInterrupt
-        if r.returncode != 0:
-            hint = (
-                f"; in this run gpulens.track().data() repeats the loader's first "
-                f"{INGESTION_FREE_BATCHES} batches (GPULENS_INGESTION_FREE=1)"
-                if ingestion_free
-                else ""
-            )
-            raise RuntimeFailure(
-                f"the {kind} run of the command ended with exit code {r.returncode}{hint}; its "
-                f"record is {r.record_dir}"
-            )
-        result.throughput[kind] = r.summary.get("throughput_samples_per_s")
-        result.throughput_ci95_pct[kind] = r.summary.get("throughput_ci95_pct")
-        return r
+    result = StallResult(workload=shlex.join(argv), device=None)  # type: ignore[arg-type]
+    backend = CommandBackend(argv, _label(argv), data_path, runs_root, sample_hz)
+    runner = StallRunner(backend, result, progress)
+    say, run = runner.say, runner.run
 
     free = run("ingestion_free", ingestion_free=True)
     _check_steps(free, "ingestion_free")
@@ -150,12 +122,11 @@ def run_stalls_command(
     cached_loader = cached.summary.get("loader") or {}
 
     say("evicting the dataset from the page cache")
-    cold: CommandResult | None = None
+    cold: RunResult | None = None
     evicted = pagecache.evict(files)
     if evicted.method is None:
         result.notes.append(f"fetch stall not measured: {evicted.note}")
-        result.runs["cold"] = None
-        result.throughput["cold"] = result.throughput_ci95_pct["cold"] = None
+        runner.unmeasured("cold", keep_run=False)
     else:
         result.fetch_method = evicted.method
         cold = run("cold", first_pass=True)
@@ -166,7 +137,7 @@ def run_stalls_command(
                 f"{s.get('measured_steps') or 0} steps after the tracker's warm-up, fewer than "
                 f"{MIN_COLD_STEPS}; give a larger dataset (the cold run {cold.run_id} is stored)"
             )
-            result.throughput["cold"] = result.throughput_ci95_pct["cold"] = None
+            runner.unmeasured("cold")
             cold = None
         else:
             result.notes.append(
@@ -184,10 +155,7 @@ def run_stalls_command(
                     "been warm, so the fetch stall may be low"
                 )
 
-    for kind in ("multi_gpu", "multi_gpu_socket"):
-        result.runs.setdefault(kind, None)
-        result.throughput.setdefault(kind, None)
-        result.throughput_ci95_pct.setdefault(kind, None)
+    runner.fill_missing()
     result.notes.append(
         "interconnect and network stalls not measured for a command: they need N-GPU runs "
         "that gpulens launches itself (gpulens stalls WORKLOAD --gpus N)"
@@ -195,7 +163,7 @@ def run_stalls_command(
 
     m_free, m_cached = measure_run(free), measure_run(cached)
     m_cold = measure_run(cold)
-    result.breakdown_pct, result.breakdown_ci95_pp = breakdown(m_free, m_cached, m_cold)
+    runner.set_breakdown({"ingestion_free": m_free, "cached": m_cached, "cold": m_cold})
     result.fetch_design = "separate" if m_cold is not None else None  # a script: no paired run
     if m_free.per_sample_s > m_cached.per_sample_s + m_cached.half_width_s + m_free.half_width_s:
         result.notes.append(
@@ -216,24 +184,10 @@ def run_stalls_command(
     }
 
     workers = cached_loader.get("num_workers")
-    current = result.throughput.get("cold") or result.throughput["cached"]
-    result.what_if = what_if(
-        m_free, m_cached, m_cold, workers if workers is not None else 1, os.cpu_count() or 1,
-        sum(sizes) / len(sizes), None,
-    )  # fmt: skip
-    if workers is None:
-        result.what_if.pop("workers", None)
-        result.what_if.pop("storage", None)
-        result.notes.append(
-            "what-if for data-loader workers and storage skipped: the number of loader workers "
-            "is unknown (tracker.data() was not given a torch DataLoader)"
-        )
-    elif workers == 0:
+    if workers == 0:
         result.notes.append(
             "the DataLoader has num_workers=0 (loading inside the training loop): the what-if "
             "counts the cached run's whole time per sample as loading time, so its gains from "
             "more workers are a lower bound"
         )
-    result.recommendations = recommend(result.breakdown_pct, result.what_if, current, workers or 0)
-    result.wall_s = round(time.perf_counter() - t0, 1)
-    return result
+    return runner.finish(m_free, m_cached, m_cold, workers, sum(sizes) / len(sizes), None)

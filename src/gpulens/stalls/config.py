@@ -140,3 +140,78 @@ class StallResult:
             "skipped_files": self.skipped_files,
             "wall_s": self.wall_s,
         }
+
+
+def preflight(config: StallsConfig) -> dict[str, Any]:
+    """Check everything the runs need before the first one starts, so that a bad option fails
+    in a second, not after minutes of runs: the workload, the device, precision and batch size
+    on it, the GPUs for ``gpus`` > 1, the dataset (readable, holds one batch, fits the model)
+    and the fetch design. Returns the effective config a cached run would get."""
+    import os
+
+    import torch
+
+    from gpulens.data.datasets import build_dataset
+    from gpulens.workloads.config import TrainConfig, resolve_config
+    from gpulens.workloads.devices import resolve_device
+    from gpulens.workloads.models import get_workload
+
+    spec = get_workload(config.workload)
+    device = resolve_device(config.device)
+    cfg = TrainConfig(
+        workload=config.workload,
+        batch_size=config.batch_size,
+        device=config.device,
+        precision=config.precision,
+        workers=config.workers,
+        data=config.data,
+        worker_affinity=config.worker_affinity,
+        prep_timing=True,
+        storage_latency_s=config.storage_latency_s,
+        storage_bandwidth_bytes_per_s=config.storage_bandwidth_bytes_per_s,
+        skip_bad_samples=config.skip_bad_samples,
+    )
+    eff = resolve_config(cfg, spec, device)
+    # The N-GPU runs use cuda:0..N-1 unless --device cpu (CPU processes over gloo).
+    if config.gpus > 1 and (config.device or "").strip().lower() != "cpu":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count < config.gpus:
+            have = f"has {count}" if count else "has none visible (see `gpulens doctor`)"
+            raise UsageError(
+                f"--gpus {config.gpus} needs {config.gpus} GPUs and this machine {have}: "
+                + (f"use --gpus {count}, or " if count > 1 else "leave out --gpus, or ")
+                + f"use --device cpu to run {config.gpus} CPU processes (gloo) instead"
+            )
+    dataset = build_dataset(spec, config.data, n_synthetic=0)
+    if hasattr(dataset, "samples") and not config.skip_bad_samples:
+        # Empty files cost one stat each to find; files that are damaged inside are found by
+        # the loader, in the cached run.
+        for path, _ in dataset.samples:
+            try:
+                size = os.stat(path).st_size
+            except OSError as exc:
+                raise UsageError(
+                    f"cannot read {path} ({exc.strerror}): fix or remove it, or pass "
+                    "--skip-bad-samples"
+                ) from None
+            if size == 0:
+                raise UsageError(
+                    f"{path} is empty (0 bytes): remove it, or pass --skip-bad-samples to put "
+                    "the next readable image in its place"
+                )
+    if len(dataset) < eff["batch_size"]:
+        raise UsageError(
+            f"dataset {config.data} has {len(dataset)} samples, fewer than one batch of "
+            f"{eff['batch_size']}: make more data or lower --batch-size"
+        )
+    if config.fetch_design == "paired":
+        from gpulens.data.datasets import TokenFileDataset
+
+        if isinstance(dataset, TokenFileDataset):
+            raise UsageError(
+                "--fetch-design paired needs an image folder (one file per sample): use "
+                "--fetch-design separate (or auto) for a token file"
+            )
+        if eff["workers"] < 1:
+            raise UsageError("--fetch-design paired needs loader workers: give --workers 1 or more")
+    return eff

@@ -1,4 +1,4 @@
-"""The fetch stall from a paired cold run (:mod:`gpulens.workloads.paired`): the loader workers'
+"""The fetch stall from a paired cold run (:mod:`gpulens.data.paired`): the loader workers'
 extra time per sample on cold files over cached ones, each cold block of samples compared with
 the cached blocks the same worker read just before and just after it.
 
@@ -16,6 +16,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gpulens.run.result import RunResult
+from gpulens.stalls.model import Measured
+from gpulens.stalls.read_stall import is_loader_bound
 from gpulens.stats import t95
 
 TIME_GROUPS = 20  # consecutive groups of pairs whose means give the interval
@@ -123,4 +126,36 @@ def paired_fetch(
         "pairs": len(pairs),
         "cold_samples": int(pairs["samples"].sum()),
         "workers_seen": int(blocks["worker_id"].nunique()),
+    }
+
+
+def paired_runs_summary(
+    runs: list[RunResult], cached: Measured, fetch: Measured, workers: int
+) -> dict[str, Any]:
+    """What the paired cold runs measured, and a check: a paired run's own pace, half its
+    samples cold, against the pace the breakdown implies for it."""
+    per_run = []
+    for r in runs:
+        f = r.summary["paired_fetch"]
+        tput = r.summary.get("throughput_samples_per_s")
+        expected = 1.0 / (cached.per_sample_s + 0.5 * fetch.per_sample_s)
+        per_run.append(
+            {
+                "run_id": r.run_id,
+                "extra_ms_per_cold_sample": 1000.0 * f["extra_s_per_sample"],
+                "extra_ci95_ms": 1000.0 * f["extra_ci95_s"],
+                "extra_read_ms_per_cold_sample": 1000.0 * f["extra_read_s_per_sample"],
+                "pairs": f["pairs"],
+                "cold_samples": f["cold_samples"],
+                "samples_per_s": tput,
+                "samples_per_s_ci95_pct": r.summary.get("throughput_ci95_pct"),
+                "expected_samples_per_s": expected,
+                "loader_bound": is_loader_bound(r),
+            }
+        )
+    return {
+        "fetch_ms_per_sample": 1000.0 * fetch.per_sample_s,
+        "fetch_ci95_ms": 1000.0 * fetch.half_width_s,
+        "workers": workers,
+        "runs": per_run,
     }
