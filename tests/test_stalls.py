@@ -532,3 +532,68 @@ def test_stored_stall_runs_are_grouped_by_role_with_old_records_by_name():
     assert set(paired.runs) == {"ingestion_free", "cached", "paired_cold"}
     assert "cold" not in paired.runs
     assert paired.breakdown()["notes"]  # says why its fetch stall is not known
+
+
+# ------------------------------------------------------------------ the package's shape
+def test_the_stall_analysis_imports_without_torch():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "import gpulens.stalls\n"
+        "from gpulens.stalls import model, refine, read_stall, config, prep_summary, analysis\n"
+        "from gpulens.stalls import StallAnalysis, StallsConfig, preflight, Measured, what_if\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
+class _FakeBackend:
+    """Runs that cost nothing: each role's throughput (samples/s) and CI (%) as given."""
+
+    def __init__(self, rates: dict[str, tuple[float, float]]) -> None:
+        self.rates, self.made = rates, []
+
+    def run(self, role: str, **options):
+        from gpulens.run import RunResult, role_name
+
+        rate, ci = self.rates[role]
+        self.made.append((role, options))
+        return RunResult(
+            run_id=f"r{len(self.made)}", record_dir=Path("."), kind="stalls",
+            role=role_name("stalls", role),
+            summary={"throughput_samples_per_s": rate, "throughput_ci95_pct": ci,
+                     "measured_wall_s": 10.0},
+        )  # fmt: skip
+
+
+def test_the_stall_runner_keeps_the_books_for_any_backend():
+    from gpulens.stalls import StallResult, StallRunner, measure_run
+
+    backend = _FakeBackend({"ingestion_free": (400.0, 1.0), "cached": (100.0, 1.0)})
+    heard: list[str] = []
+    runner = StallRunner(backend, StallResult("w", "cpu"), heard.append)
+    free = runner.run("ingestion_free", data="synthetic")
+    cached = runner.run("cached")
+    runner.unmeasured("cold", keep_run=False)
+    runner.fill_missing()
+    result = runner.result
+    assert heard == ["ingestion_free run", "cached run"]
+    assert backend.made[0] == ("ingestion_free", {"data": "synthetic"})
+    assert result.runs == {
+        "ingestion_free": "r1", "cached": "r2", "cold": None, "multi_gpu": None,
+        "multi_gpu_socket": None,
+    }  # fmt: skip
+    assert result.throughput["cached"] == 100.0 and result.throughput["cold"] is None
+    m_free, m_cached = measure_run(free), measure_run(cached)
+    runner.set_breakdown({"ingestion_free": m_free, "cached": m_cached, "cold": None})
+    assert result.breakdown_pct["compute"] == pytest.approx(25.0)
+    assert result.breakdown_pct["prep_stall"] == pytest.approx(75.0)
+    done = runner.finish(m_free, m_cached, None, None, 2048.0, None)  # workers unknown
+    assert "workers" not in done.what_if and "storage" not in done.what_if
+    assert any("number of loader workers is unknown" in n for n in done.notes)
+    assert done.wall_s is not None
+    with_workers = StallRunner(backend, StallResult("w", "cpu"))
+    with_workers.result.throughput["cached"] = 100.0
+    assert "workers" in with_workers.finish(m_free, m_cached, None, 4, 2048.0, None).what_if

@@ -193,6 +193,9 @@ def test_stalls_of_a_command_json_contract(capfd, tmp_path, files_dir, gpulens_h
     records = {r.run_id: r for r in list_records(gpulens_home / "runs")}
     made = [doc["runs"][k] for k in ("ingestion_free", "cached", "cold") if doc["runs"][k]]
     assert all(records[r].meta["kind"] == "stalls" for r in made)
+    for role in ("ingestion_free", "cached", "cold"):  # each run's part, in its run.json
+        if doc["runs"][role]:
+            assert records[doc["runs"][role]].result().role == f"stalls:{role}"
     assert all(records[r].status == "finished" for r in made)
     if doc["fetch_method"]:  # the files could be evicted: three runs, all components add up
         assert len(made) == 3 and tput["cold"]
