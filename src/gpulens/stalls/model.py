@@ -44,8 +44,11 @@ def pooled(passes: list[RunResult]) -> Measured | None:
     than those allow, the spread between runs (DerSimonian-Laird random effects): on a VM, one
     cold pass can read at another speed than the next, and a run's own interval cannot see
     that."""
-    parts = [(m, r.summary.get("throughput_samples_per_s") * r.summary.get("measured_wall_s"))
-             for r in passes if (m := measure_run(r)) is not None]  # fmt: skip
+    parts = [
+        (m, r.summary.get("throughput_samples_per_s") * r.summary.get("measured_wall_s"))
+        for r in passes
+        if (m := measure_run(r)) is not None
+    ]
     if not parts:
         return None
     t, var, tau2 = pool_estimates(
@@ -124,8 +127,14 @@ def breakdown(
     total is the compute time plus every stall, which, when no run is faster than the one it
     is compared with, is the slowest data run (cold, else cached) plus the interconnect and
     network excesses."""
-    runs = {"free": ingestion_free, "cached": cached, "cold": cold, "multi": multi_gpu,
-            "socket": multi_gpu_socket, "fetch": fetch}  # fmt: skip
+    runs = {
+        "free": ingestion_free,
+        "cached": cached,
+        "cold": cold,
+        "multi": multi_gpu,
+        "socket": multi_gpu_socket,
+        "fetch": fetch,
+    }
     fetch_term = {"fetch": 1.0} if fetch else {"cold": 1.0, "cached": -1.0} if cold else None
     # Each component is a difference of run times: {run: coefficient}.
     terms: dict[str, dict[str, float] | None] = {
@@ -291,9 +300,13 @@ def recommend(
 
 def breakdown_of(measured: dict[str, Measured | None]):
     return breakdown(
-        measured["ingestion_free"], measured["cached"], measured.get("cold"),  # type: ignore[arg-type]
-        measured.get("multi_gpu"), measured.get("multi_gpu_socket"), measured.get(PAIRED_KIND),
-    )  # fmt: skip
+        measured["ingestion_free"],
+        measured["cached"],
+        measured.get("cold"),  # type: ignore[arg-type]
+        measured.get("multi_gpu"),
+        measured.get("multi_gpu_socket"),
+        measured.get(PAIRED_KIND),
+    )
 
 
 def cold_from_paired(cached: Measured, fetch: Measured) -> Measured:

@@ -91,10 +91,11 @@ def refine(
         elapsed_s = time.perf_counter() - t0
         counts = {k: len(v) for k, v in repeats.items()}
         fits = [
-            kind for kind in rerun
+            kind
+            for kind in rerun
             if counts.get(kind, 0) < MAX_REPEATS
             and elapsed_s + COST_MARGIN * cost_s[kind] <= config.time_budget_s
-        ]  # fmt: skip
+        ]
         best, _ = best_repeat(measured, counts, fits, cost_s)
         if best is None:
             more_s = time_to_target(measured, counts, list(rerun), cost_s, config.until_ci_pct)

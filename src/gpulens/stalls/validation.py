@@ -52,9 +52,11 @@ def _prep(result) -> dict[str, Any]:
 
     s = result.summary
     return summarize_prep(
-        result.record_dir, s["throughput_samples_per_s"],
-        start_unix_s=s.get("measured_start_unix_s"), end_unix_s=s.get("measured_end_unix_s"),
-    )  # fmt: skip
+        result.record_dir,
+        s["throughput_samples_per_s"],
+        start_unix_s=s.get("measured_start_unix_s"),
+        end_unix_s=s.get("measured_end_unix_s"),
+    )
 
 
 def _stage_s(prep: dict[str, Any], stages: tuple[str, ...]) -> float:
@@ -103,9 +105,12 @@ def _paired_row(pair, free, cached, expected, separate, separate_ci, workers) ->
     stored = RunResult.from_record(pair.record_dir)
     s, eff = stored.summary, stored.effective_config
     got = paired_fetch(
-        pair.record_dir, eff["paired_cold_samples"], eff["seed"],
-        s["measured_start_unix_s"], s["measured_end_unix_s"],
-    )  # fmt: skip
+        pair.record_dir,
+        eff["paired_cold_samples"],
+        eff["seed"],
+        s["measured_start_unix_s"],
+        s["measured_end_unix_s"],
+    )
     if got is None:
         return {"paired_run": pair.run_id}
     w = max(workers, 1)
@@ -161,8 +166,11 @@ def validate(
     warm(dataset_files(data))
     length = {"duration_s": duration_s} if duration_s else {"steps": steps}
     common: dict[str, Any] = dict(
-        workload=workload, batch_size=batch_size, device=device, precision=precision,
-    )  # fmt: skip
+        workload=workload,
+        batch_size=batch_size,
+        device=device,
+        precision=precision,
+    )
     say("ingestion-free run")
     free = run_training(TrainConfig(data="synthetic", **common, **length), runs_root)
     t_if = 1.0 / free.summary["throughput_samples_per_s"]
@@ -170,9 +178,10 @@ def validate(
     for w in workers:
         say(f"{w} workers: loader alone")
         pace = measure_loader(
-            TrainConfig(data=data, workers=w, **common), loader_duration_s,
+            TrainConfig(data=data, workers=w, **common),
+            loader_duration_s,
             timing_dir=Path(tempfile.mkdtemp(prefix=f"loader-w{w}-", dir=runs_root)),
-        )  # fmt: skip
+        )
         say(f"{w} workers: cached run")
         cached = run_training(
             TrainConfig(data=data, workers=w, prep_timing=True, **common, **length), runs_root
@@ -184,11 +193,15 @@ def validate(
             say(f"{w} workers: {1000 * latency_s:g} ms storage latency")
             cold = run_training(
                 TrainConfig(
-                    data=data, workers=w, storage_latency_s=latency_s, prep_timing=True,
-                    **common, **length,
+                    data=data,
+                    workers=w,
+                    storage_latency_s=latency_s,
+                    prep_timing=True,
+                    **common,
+                    **length,
                 ),
                 runs_root,
-            )  # fmt: skip
+            )
             cold_prep = _prep(cold)
             # The delay as it happened (a sleep wakes up late on a busy machine): the workers'
             # read time per file, cold minus cached.
@@ -228,11 +241,16 @@ def validate(
                 say(f"{w} workers: {1000 * latency_s:g} ms, paired cold run")
                 pair = run_training(
                     TrainConfig(
-                        data=data, workers=w, storage_latency_s=latency_s, prep_timing=True,
-                        paired_cold_block=batch_size, **common, **length,
+                        data=data,
+                        workers=w,
+                        storage_latency_s=latency_s,
+                        prep_timing=True,
+                        paired_cold_block=batch_size,
+                        **common,
+                        **length,
                     ),
                     runs_root,
-                )  # fmt: skip
+                )
                 row.update(_paired_row(pair, free, cached, expected, measured, ci_pp, w))
             row.update(nominal_columns(row))
             rows.append(row)
