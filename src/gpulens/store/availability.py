@@ -22,7 +22,6 @@ import os
 import socket
 import ssl
 import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -293,30 +292,22 @@ def store_lock(uri: str, timeout_s: float = LOCK_TIMEOUT_S) -> Iterator[None]:
     ``fcntl`` is missing). Raises :class:`StoreUnavailableError` after ``timeout_s``."""
     path = lock_path(uri)
     try:
-        import fcntl
+        from gpulens.filelock import exclusive_lock
     except ImportError:  # Windows: no flock; SQLite's own locking and the retries remain
-        fcntl = None
-    if path is None or fcntl is None:
+        exclusive_lock = None
+    if path is None or exclusive_lock is None:
         yield
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as handle:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise StoreUnavailableError(
-                        f"the MLflow store {uri} is busy: another process has held {path} for "
-                        f"{timeout_s:g} s; {_SYNC_HINT}"
-                    ) from None
-                time.sleep(LOCK_POLL_S)
+    with open(path, "a+") as handle, contextlib.ExitStack() as held:
         try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+            held.enter_context(exclusive_lock(handle, timeout_s, LOCK_POLL_S))
+        except TimeoutError:  # only the wait for the lock: the body's timeouts pass through
+            raise StoreUnavailableError(
+                f"the MLflow store {uri} is busy: another process has held {path} for "
+                f"{timeout_s:g} s; {_SYNC_HINT}"
+            ) from None
+        yield
 
 
 def is_locked_error(exc: BaseException) -> bool:

@@ -146,20 +146,11 @@ def join_group(
     """The run of this group: ``(run_dir, True)`` for the rank that created it with
     ``create()``, ``(run_dir, False)`` for the ranks that found it. The group file is read and
     written under an exclusive lock, so exactly one rank creates the run."""
-    import fcntl
+    from gpulens.filelock import exclusive_lock
 
     groups.mkdir(parents=True, exist_ok=True)
     path = groups / f"{key}.json"
-    with open(path, "a+") as handle:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise TimeoutError(f"{path} stayed locked for {timeout_s:g} s") from None
-                time.sleep(0.05)
+    with open(path, "a+") as handle, exclusive_lock(handle, timeout_s):
         found = None
         try:
             handle.seek(0)
@@ -179,7 +170,6 @@ def join_group(
             handle.flush()
             return run_dir, True
         finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
             if found is None:
                 _clean_stale_groups(groups)
 
