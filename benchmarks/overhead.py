@@ -103,7 +103,8 @@ def interleaved(
     from torch.profiler import ProfilerActivity, profile
 
     from gpulens.probes.monitor import Monitor, ProbeSpec
-    from gpulens.probes.steps import STEPS_SCHEMA, StepTimer
+    from gpulens.probes.steps import StepTimer
+    from gpulens.record.schema import STEPS_SCHEMA
     from gpulens.record.writer import RunWriter
 
     batch = case["batch_size"]

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import torch
 
-from gpulens.probes.steps import STEPS_SCHEMA, StepTimer
+from gpulens.probes.steps import StepTimer
+from gpulens.record.schema import STEPS_SCHEMA
 from gpulens.record.writer import RunWriter
 
 

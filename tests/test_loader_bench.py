@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpulens.data.loader_bench import measure_loader
+from gpulens.stalls.loader_bench import measure_loader
 from gpulens.errors import UsageError
 from gpulens.workloads.config import TrainConfig
 

@@ -190,7 +190,7 @@ def test_paired_estimate_on_prep_rows_recorded_on_an_h100():
     # the reading part is the difference of the two halves' read times, up to its interval
     read_gap = got["read_s_per_sample_cold"] - got["read_s_per_sample_cached"]
     assert read_gap == pytest.approx(got["extra_read_s_per_sample"], abs=got["extra_read_ci95_s"])
-    from gpulens.data.prep_timing import read_prep
+    from gpulens.record.reader import read_prep
 
     rows = read_prep(FIXTURE, *window)
     samples = rows[rows["collate_s"].isna()]

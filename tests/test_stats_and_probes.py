@@ -11,9 +11,10 @@ import pytest
 
 from gpulens.probes.host import HostProbe
 from gpulens.probes.monitor import Monitor
-from gpulens.probes.steps import STEPS_SCHEMA, StepTimer
+from gpulens.probes.steps import StepTimer
 from gpulens.probes.summary import summarize_gpu
 from gpulens.record.reader import read_record
+from gpulens.record.schema import STEPS_SCHEMA
 from gpulens.record.writer import RunWriter
 from gpulens.stats import t95, throughput_ci
 

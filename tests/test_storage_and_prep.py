@@ -23,7 +23,6 @@ from gpulens.data.prep_timing import (
     InstrumentedImageFolder,
     TimedCollate,
     close_timing,
-    read_prep,
     record_sample,
 )
 from gpulens.data.storage import (
@@ -33,6 +32,7 @@ from gpulens.data.storage import (
     read_file,
 )
 from gpulens.errors import UsageError
+from gpulens.record.reader import read_prep
 from gpulens.stalls.prep_summary import summarize_prep
 from gpulens.workloads.models import get_workload
 
@@ -279,7 +279,8 @@ def test_prep_rows_of_records_made_before_the_index_column_still_read(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from gpulens.data.prep_timing import PREP_SCHEMA, read_prep
+    from gpulens.record.reader import read_prep
+    from gpulens.record.schema import PREP_SCHEMA
 
     old = pa.schema([f for f in PREP_SCHEMA if f.name != "index"])
     rows = [{"time_unix_s": 1.0, "worker_id": 0, "read_s": 0.001, "decode_s": 0.002,

@@ -89,7 +89,7 @@ def _run_summary(record_dir: Path) -> dict[str, Any]:
 
 
 def _prep_and_paired(record_dir: Path) -> dict[str, Any]:
-    from gpulens.data.prep_timing import read_prep
+    from gpulens.record.reader import read_prep
     from gpulens.stalls.paired_fetch import paired_fetch
     from gpulens.stalls.prep_summary import summarize_prep
 

@@ -28,8 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
-import pyarrow as pa
 from torch.utils.data import Dataset, default_collate, get_worker_info
 
 from gpulens.data.bad_samples import (
@@ -46,26 +44,8 @@ from gpulens.record.writer import SeriesWriter
 
 logger = logging.getLogger(__name__)
 
-PREP_SERIES_PREFIX = "prep_"
 MAIN_PROCESS_WORKER_ID = -1
 FLUSH_INTERVAL_S = 1.0
-
-PREP_SCHEMA = pa.schema(
-    [
-        pa.field("time_unix_s", pa.float64()),  # when the sample or batch was ready
-        pa.field("rank", pa.int32()),
-        pa.field("pid", pa.int32()),
-        pa.field("worker_id", pa.int32()),  # -1: the main process
-        pa.field("read_s", pa.float64()),  # sample rows
-        pa.field("decode_s", pa.float64()),
-        pa.field("augment_s", pa.float64()),
-        pa.field("nbytes", pa.int64()),
-        pa.field("collate_s", pa.float64()),  # batch rows
-        pa.field("batch_samples", pa.int32()),
-        pa.field("cpu_s", pa.float64()),  # both: thread CPU time of the sample or the collate
-        pa.field("index", pa.int64()),  # sample rows: the dataset index (image folders)
-    ]
-)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -84,13 +64,13 @@ class _Recorder:
         tag = f"w{self.worker_id}" if self.worker_id >= 0 else "wmain"
         if "RANK" in os.environ:
             tag = f"r{self.rank}_{tag}"
-        stem = f"{PREP_SERIES_PREFIX}{tag}_p{self.pid}"
+        stem = f"{schema.PREP_SERIES_PREFIX}{tag}_p{self.pid}"
         timing_dir.mkdir(parents=True, exist_ok=True)
         base, n = timing_dir / stem, 0
         while any(base.with_suffix(s).exists() for s in (schema.STREAM_SUFFIX, ".parquet")):
             n += 1  # a second loader in the same process: never truncate the first one's rows
             base = timing_dir / f"{stem}_{n}"
-        self.writer = SeriesWriter(base, PREP_SCHEMA, flush_interval_s=FLUSH_INTERVAL_S)
+        self.writer = SeriesWriter(base, schema.PREP_SCHEMA, flush_interval_s=FLUSH_INTERVAL_S)
 
     def append(self, row: dict[str, Any]) -> None:
         row["rank"], row["pid"], row["worker_id"] = self.rank, self.pid, self.worker_id
@@ -300,50 +280,3 @@ class InstrumentedImageFolder(Dataset):
             cpu_s = time.thread_time() - c0
             record_sample(self.timing_dir, t1 - t0, t2 - t1, t3 - t2, len(data), cpu_s, index)
         return sample, target
-
-
-# ---------------------------------------------------------------------------------------------
-# Reading
-# ---------------------------------------------------------------------------------------------
-
-
-def _series_dir(run_dir: Path) -> Path:
-    d = Path(run_dir) / schema.SERIES_DIR
-    return d if d.is_dir() else Path(run_dir)
-
-
-def read_prep(
-    run_dir: str | os.PathLike,
-    start_unix_s: float | None = None,
-    end_unix_s: float | None = None,
-) -> pd.DataFrame:
-    """The prep rows of a run (``run_dir/series/prep_*`` or ``run_dir/prep_*``), one frame;
-    only those within ``[start_unix_s, end_unix_s]`` where given (the measured window)."""
-    from gpulens.record.reader import read_series_table
-
-    d = _series_dir(Path(run_dir))
-    stems = sorted(
-        {
-            p.name[: -len(p.suffix)]
-            for p in d.glob(f"{PREP_SERIES_PREFIX}*")
-            if p.suffix in (schema.STREAM_SUFFIX, schema.PARQUET_SUFFIX)
-        }
-    )
-    tables = [read_series_table(d / s) for s in stems]
-    tables = [_conform(t) for t in tables if t.num_columns]
-    if not tables:
-        return PREP_SCHEMA.empty_table().to_pandas()
-    df = pa.concat_tables(tables).to_pandas()
-    if start_unix_s is not None:
-        df = df[df["time_unix_s"] >= start_unix_s]
-    if end_unix_s is not None:
-        df = df[df["time_unix_s"] <= end_unix_s]
-    return df
-
-
-def _conform(table: pa.Table) -> pa.Table:
-    """``table`` in PREP_SCHEMA; columns that older records lack are null."""
-    for f in PREP_SCHEMA:
-        if f.name not in table.column_names:
-            table = table.append_column(f, pa.nulls(table.num_rows, f.type))
-    return table.select(PREP_SCHEMA.names).cast(PREP_SCHEMA)

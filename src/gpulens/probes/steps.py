@@ -12,23 +12,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-import pyarrow as pa
-
 from gpulens.record.writer import SeriesWriter
-
-STEPS_SCHEMA = pa.schema(
-    [
-        ("step", pa.int64()),
-        ("time_unix_s", pa.float64()),
-        ("warmup", pa.bool_()),
-        ("samples", pa.int64()),
-        ("data_wait_s", pa.float64()),
-        ("h2d_s", pa.float64()),
-        ("compute_s", pa.float64()),
-        ("step_time_s", pa.float64()),
-        ("gpu_step_time_s", pa.float64()),
-    ]
-)
 
 
 @dataclass

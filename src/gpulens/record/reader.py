@@ -264,3 +264,43 @@ def list_records(runs_root: Path) -> list[RunRecord]:
     """Every readable record under ``runs_root``, oldest first (damaged ones left out: see
     ``scan_records``)."""
     return scan_records(runs_root)[0]
+
+
+def _series_dir(run_dir: Path) -> Path:
+    d = Path(run_dir) / schema.SERIES_DIR
+    return d if d.is_dir() else Path(run_dir)
+
+
+def read_prep(
+    run_dir: str | Path,
+    start_unix_s: float | None = None,
+    end_unix_s: float | None = None,
+) -> pd.DataFrame:
+    """The prep rows of a run (``run_dir/series/prep_*`` or ``run_dir/prep_*``), one frame;
+    only those within ``[start_unix_s, end_unix_s]`` where given (the measured window)."""
+    d = _series_dir(Path(run_dir))
+    stems = sorted(
+        {
+            p.name[: -len(p.suffix)]
+            for p in d.glob(f"{schema.PREP_SERIES_PREFIX}*")
+            if p.suffix in (schema.STREAM_SUFFIX, schema.PARQUET_SUFFIX)
+        }
+    )
+    tables = [read_series_table(d / s) for s in stems]
+    tables = [_conform_prep(t) for t in tables if t.num_columns]
+    if not tables:
+        return schema.PREP_SCHEMA.empty_table().to_pandas()
+    df = pa.concat_tables(tables).to_pandas()
+    if start_unix_s is not None:
+        df = df[df["time_unix_s"] >= start_unix_s]
+    if end_unix_s is not None:
+        df = df[df["time_unix_s"] <= end_unix_s]
+    return df
+
+
+def _conform_prep(table: pa.Table) -> pa.Table:
+    """``table`` in PREP_SCHEMA; columns that older records lack are null."""
+    for f in schema.PREP_SCHEMA:
+        if f.name not in table.column_names:
+            table = table.append_column(f, pa.nulls(table.num_rows, f.type))
+    return table.select(schema.PREP_SCHEMA.names).cast(schema.PREP_SCHEMA)

@@ -24,9 +24,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from gpulens.probes.steps import STEPS_SCHEMA
 from gpulens.record import schema
 from gpulens.record.reader import read_series_table
+from gpulens.record.schema import STEPS_SCHEMA
 from gpulens.record.writer import atomic_write_json
 
 log = logging.getLogger(__name__)

@@ -97,7 +97,7 @@ def paired_fetch(
     over its measured window, with 95% CI half-widths; None when the run holds no paired
     blocks (no prep timing, or too short for a cold block between two cached ones)."""
     from gpulens.data.paired import cold_mask
-    from gpulens.data.prep_timing import read_prep
+    from gpulens.record.reader import read_prep
 
     rows = read_prep(run_dir, start_unix_s, end_unix_s)
     samples = rows[rows["collate_s"].isna() & rows["read_s"].notna()]

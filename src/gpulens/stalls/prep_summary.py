@@ -1,7 +1,7 @@
 """Where data-prep time goes, from the per-stage rows that :mod:`gpulens.data.prep_timing`
 records in each loader worker: stage totals and shares, per-worker busy fractions, and whether the
 loader keeps up with the training. Pure analysis: no torch at import time (the rows are read
-through :func:`gpulens.data.prep_timing.read_prep` when a summary is asked for).
+through :func:`gpulens.record.reader.read_prep` when a summary is asked for).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def summarize_prep(
     (storage, emulated delay, CPU contention). Returns plain data; what was not recorded is
     None.
     """
-    from gpulens.data.prep_timing import read_prep  # the record's prep series (torch-side)
+    from gpulens.record.reader import read_prep
 
     df = read_prep(run_dir, start_unix_s, end_unix_s)
     samples = df[df["collate_s"].isna()]

@@ -68,7 +68,7 @@ def read_stall_from_paired(
 def _read_time(run: RunResult) -> tuple[float, float, int] | None:
     """Mean read time per sample in a run's loader workers over its measured window, the
     variance of that mean (batch means over 10 blocks in time order) and the sample count."""
-    from gpulens.data.prep_timing import read_prep
+    from gpulens.record.reader import read_prep
 
     s = run.summary
     df = read_prep(run.record_dir, s.get("measured_start_unix_s"), s.get("measured_end_unix_s"))

@@ -7,7 +7,7 @@ The expected times per sample come from parts measured on their own:
   timed work per sample (read, decode, augment, collate) as measured inside the workers during
   the cached training run (so it includes what sharing the CPU with the training costs them),
   plus what else a worker spends per sample (handing the batch over, fetching indices),
-  measured with the loader alone, no model to feed (``gpulens.workloads.loader_bench``);
+  measured with the loader alone, no model to feed (``gpulens.stalls.loader_bench``);
   ``t_load = (work + hand-over) / W``;
 - the injected delay ``L`` per file as it happened (the workers' measured read time per file,
   cold minus cached: a sleep wakes late on a busy machine), plus the slower decoding that
@@ -158,7 +158,7 @@ def validate(
 
     Each training run lasts ``steps`` measured steps or, with ``duration_s``, that long."""
     from gpulens.data.datasets import dataset_files
-    from gpulens.data.loader_bench import measure_loader
+    from gpulens.stalls.loader_bench import measure_loader
     from gpulens.data.pagecache import warm
     from gpulens.stalls import breakdown, is_loader_bound, measure_run
 

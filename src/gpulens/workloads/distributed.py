@@ -29,7 +29,8 @@ from gpulens.data.bad_samples import SKIPPED_SAMPLES_FILE
 from gpulens.errors import GpulensError, RuntimeFailure, UsageError
 from gpulens.launch.processes import on_lasting_thread, set_parent_death_signal
 from gpulens.probes.monitor import ProbeSpec
-from gpulens.probes.steps import STEPS_SCHEMA, StepTimer
+from gpulens.probes.steps import StepTimer
+from gpulens.record.schema import STEPS_SCHEMA
 from gpulens.run import RunResult, RunSession, measured_run
 from gpulens.workloads.config import resolve_config
 from gpulens.workloads.devices import nvml_index_for

@@ -54,8 +54,9 @@ from pathlib import Path
 from typing import Any
 
 from gpulens.paths import runs_dir
-from gpulens.probes.steps import STEPS_SCHEMA, StepTimer
+from gpulens.probes.steps import StepTimer
 from gpulens.record import schema
+from gpulens.record.schema import STEPS_SCHEMA
 from gpulens.record.tracker import (
     RANK_STEPS_SCHEMA,
     RUN_DIR_ENV,

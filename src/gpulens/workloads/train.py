@@ -18,7 +18,8 @@ import torch
 
 from gpulens.data.bad_samples import SKIPPED_SAMPLES_FILE
 from gpulens.probes.monitor import ProbeSpec
-from gpulens.probes.steps import STEPS_SCHEMA, StepTimer
+from gpulens.probes.steps import StepTimer
+from gpulens.record.schema import STEPS_SCHEMA
 from gpulens.run import RunResult, RunSession, measured_run
 from gpulens.workloads.config import TrainConfig, resolve_config
 from gpulens.workloads.devices import nvml_index_for, resolve_device
