@@ -15,7 +15,6 @@ MAX_LINES = 500
 # may only shrink (a file split off it must be removed from it, and no file may join it).
 OVER_LIMIT_YET = {
     "experiments/colocate.py": 1010,
-    "data/datasets.py": 560,
     "workloads/colocate_job.py": 505,
     "store/mlflow_sink.py": 505,
 }

@@ -166,7 +166,7 @@ def test_a_token_id_outside_the_vocabulary_names_file_id_and_fix(capsys, tmp_pat
 
 def test_a_token_file_without_sidecar_is_checked_against_the_model(tokens):
     from gpulens.data.bad_samples import BadSampleError
-    from gpulens.data.datasets import TokenFileDataset
+    from gpulens.data.tokens import TokenFileDataset
 
     (tokens / "tokens.json").unlink()
     ids = np.memmap(tokens / "tokens.bin", dtype="<u2", mode="r+")
@@ -197,7 +197,7 @@ def test_a_token_file_shorter_than_its_sidecar_says_is_an_error(capsys, tokens):
     ],
 )
 def test_a_sidecar_that_makes_no_sense_is_an_error(tokens, change, message):
-    from gpulens.data.datasets import TokenFileDataset
+    from gpulens.data.tokens import TokenFileDataset
     from gpulens.errors import UsageError
 
     meta = json.loads((tokens / "tokens.json").read_text())
@@ -207,7 +207,7 @@ def test_a_sidecar_that_makes_no_sense_is_an_error(tokens, change, message):
 
 
 def test_a_token_file_cut_inside_an_id_is_an_error(tokens):
-    from gpulens.data.datasets import TokenFileDataset
+    from gpulens.data.tokens import TokenFileDataset
     from gpulens.errors import UsageError
 
     data = (tokens / "tokens.bin").read_bytes()

@@ -205,7 +205,7 @@ def preflight(config: StallsConfig) -> dict[str, Any]:
             f"{eff['batch_size']}: make more data or lower --batch-size"
         )
     if config.fetch_design == "paired":
-        from gpulens.data.datasets import TokenFileDataset
+        from gpulens.data.tokens import TokenFileDataset
 
         if isinstance(dataset, TokenFileDataset):
             raise UsageError(
