@@ -16,7 +16,7 @@ import pytest
 from gpulens.errors import MissingExtraError, UsageError
 from gpulens.record.reader import read_record
 from gpulens.record.writer import RunWriter
-from gpulens.store import mlflow_sink, queries
+from gpulens.store import mlflow_payload, mlflow_sink, queries
 
 GPU_SCHEMA = pa.schema(
     [
@@ -292,26 +292,26 @@ def test_export_killed_run_compacts_stream(tmp_path):
 
 # ----------------------------------------------------------------------------- mlflow
 def test_key_and_value_limits():
-    assert mlflow_sink.mlflow_key("a.b/c d-e_f") == "a.b/c d-e_f"
-    assert mlflow_sink.mlflow_key("a@b{c}") == "a_b_c_"
-    assert mlflow_sink.mlflow_key("../x") == "_x"
-    assert len(mlflow_sink.mlflow_key("k" * 400)) == 250
+    assert mlflow_payload.mlflow_key("a.b/c d-e_f") == "a.b/c d-e_f"
+    assert mlflow_payload.mlflow_key("a@b{c}") == "a_b_c_"
+    assert mlflow_payload.mlflow_key("../x") == "_x"
+    assert len(mlflow_payload.mlflow_key("k" * 400)) == 250
     record = queries.find_run(IDS["a"])
-    params = mlflow_sink.record_params(record)
+    params = mlflow_payload.record_params(record)
     assert len(params["note"]) == 500 and params["note"].endswith("...")
     assert params["workers"] == "null"
     assert params["optimizer.lr"] == "0.1"
-    metrics = mlflow_sink.record_metrics(record)
+    metrics = mlflow_payload.record_metrics(record)
     assert "mfu" not in metrics and "workload" not in metrics
 
 
 def test_downsampled_series_metrics():
-    points = mlflow_sink.series_metrics(queries.find_run(IDS["a"]))
+    points = mlflow_payload.series_metrics(queries.find_run(IDS["a"]))
     keys = {p[0] for p in points}
     assert {"gpu0/gpu_util_pct", "gpu1/power_w", "host/cpu_util_pct", "steps/step_time_s"} <= keys
     assert not any("sm_activity_pct" in k for k in keys)  # all null: unsupported, not zero
     per_key = pd.Series([p[0] for p in points]).value_counts()
-    assert per_key.max() <= mlflow_sink.MAX_SERIES_POINTS
+    assert per_key.max() <= mlflow_payload.MAX_SERIES_POINTS
     assert per_key["gpu0/gpu_util_pct"] == 500
     assert per_key["steps/step_time_s"] == 20
     steps = sorted(p[3] for p in points if p[0] == "steps/step_time_s")
@@ -360,7 +360,7 @@ def test_sync_logs_params_metrics_tags_artifacts(synced, tracking_uri, store_hom
     series_files = {f.path for f in client.list_artifacts(run.info.run_id, "record/series")}
     assert "record/series/gpu.parquet" in series_files
     history = client.get_metric_history(run.info.run_id, "gpu1/power_w")
-    assert 0 < len(history) <= mlflow_sink.MAX_SERIES_POINTS
+    assert 0 < len(history) <= mlflow_payload.MAX_SERIES_POINTS
     # artifacts live next to the database, not in the working directory
     assert not (Path.cwd() / "mlruns").exists()
     assert (Path(tracking_uri[len("sqlite:///") :]).parent / "mlartifacts").is_dir()
@@ -439,7 +439,7 @@ def test_steps_of_several_ranks_become_one_metric_series_per_rank(tmp_path):
             row = {"step": s, "time_unix_s": t0 + s, "warmup": False, "samples": 8}
             steps.append({**row, "step_time_s": 0.1 * (rank + 1), "rank": rank})
     w.finish()
-    points = mlflow_sink.series_metrics(read_record(w.dir))
+    points = mlflow_payload.series_metrics(read_record(w.dir))
     keys = {p[0] for p in points}
     assert "steps/rank0/step_time_s" in keys and "steps/rank1/step_time_s" in keys
     assert "steps/step_time_s" not in keys

@@ -26,12 +26,11 @@ from typing import Any
 
 from gpulens.errors import MissingExtraError, UsageError
 from gpulens.paths import default_tracking_uri
-from gpulens.store import mlflow_sink  # imports no MLflow: that happens in the thread
 from gpulens.store.availability import StoreUnavailableError
+from gpulens.store.sink import RecordSink, default_sink
 
 log = logging.getLogger(__name__)
 
-STORE_ENV = "GPULENS_STORE"
 WAIT_ENV = "GPULENS_STORE_WAIT_S"
 DEFAULT_BUDGET_S = 30.0
 SYNC_HINT = "the record is kept locally; `gpulens runs sync` logs it later"
@@ -61,11 +60,6 @@ class StoreOutcome:
         return asdict(self)
 
 
-def store_enabled() -> bool:
-    """False when ``GPULENS_STORE`` turns automatic logging off."""
-    return os.environ.get(STORE_ENV, "").strip().lower() not in ("0", "off", "false", "no")
-
-
 def default_budget_s() -> float:
     raw = os.environ.get(WAIT_ENV, "").strip()
     if not raw:
@@ -79,10 +73,10 @@ def default_budget_s() -> float:
 
 
 class _Job:
-    def __init__(self, record_dir: Path, uri: str | None, experiment: str | None, budget_s: float):
+    def __init__(self, record_dir: Path, sink: RecordSink, uri: str | None, budget_s: float):
         self.record_dir = record_dir
+        self.sink = sink
         self.uri = uri
-        self.experiment = experiment
         self.t0 = time.monotonic()
         self.deadline = self.t0 + budget_s
         self.outcome: StoreOutcome | None = None
@@ -102,9 +96,8 @@ class _Job:
     def _run(self) -> None:
         try:
             uri = self.uri or default_tracking_uri()
-            experiment = self.experiment or mlflow_sink.DEFAULT_EXPERIMENT
             try:
-                run_id = mlflow_sink.log_record(self.record_dir, uri, experiment)
+                run_id = self.sink.log_record(self.record_dir)
             except MissingExtraError as exc:
                 self._done(SKIPPED, str(exc), tracking_uri=uri)
             except StoreUnavailableError as exc:
@@ -166,6 +159,7 @@ def log_finished(
     budget_s: float | None = None,
     tracking_uri: str | None = None,
     experiment: str | None = None,
+    sink: RecordSink | None = None,
 ) -> StoreOutcome:
     """Log an ended record to the store, best effort: never raises, never holds the caller
     longer than ``budget_s`` (default ``GPULENS_STORE_WAIT_S`` or 30 s; the reachability check
@@ -174,23 +168,22 @@ def log_finished(
     ``block=True`` waits here for the outcome (at most ``budget_s``); ``block=False`` returns
     a ``pending`` outcome at once and the process waits at exit for what is left of the
     budget. Does nothing (``skipped``, a debug log) when MLflow is not installed or
-    ``GPULENS_STORE=0``. A failed or killed record is logged with MLflow status FAILED/KILLED.
+    ``GPULENS_STORE=0``. ``sink`` defaults to :func:`~gpulens.store.sink.default_sink`
+    (MLflow at ``tracking_uri``). A failed or killed record is logged with MLflow status
+    FAILED/KILLED.
     """
     global _atexit_registered
     path = Path(record_dir)
     try:
-        if not store_enabled():
-            outcome = StoreOutcome(SKIPPED, f"{STORE_ENV} turns the store off", str(path))
-            _report(outcome)
-            return outcome
-        if not mlflow_sink.is_available():
-            outcome = StoreOutcome(
-                SKIPPED, "MLflow is not installed: pip install 'gpulens[store]'", str(path)
-            )
+        uri = tracking_uri or default_tracking_uri()
+        sink = default_sink(uri, experiment) if sink is None else sink
+        reason = sink.unavailable_reason()
+        if reason:
+            outcome = StoreOutcome(SKIPPED, reason, str(path))
             _report(outcome)
             return outcome
         budget = default_budget_s() if budget_s is None else max(0.0, float(budget_s))
-        job = _Job(path, tracking_uri, experiment, budget)
+        job = _Job(path, sink, uri, budget)
         job.thread.start()
         if block:
             outcome = job.wait(job.deadline)

@@ -15,16 +15,10 @@ import importlib.metadata
 import importlib.util
 import json
 import logging
-import posixpath
-import re
 import time
 from collections.abc import Callable, Iterable
-from datetime import datetime
 from pathlib import Path
 from typing import Any
-
-import numpy as np
-import pandas as pd
 
 from gpulens.errors import MissingExtraError, UsageError
 from gpulens.paths import default_tracking_uri, gpulens_home, runs_dir
@@ -40,7 +34,13 @@ from gpulens.store.availability import (
     require_reachable,
     store_lock,
 )
-from gpulens.store.queries import flatten, is_number, run_facts
+from gpulens.store.mlflow_payload import (
+    iso_to_ms,
+    record_metrics,
+    record_params,
+    record_tags,
+    series_metrics,
+)
 
 log = logging.getLogger(__name__)
 
@@ -48,37 +48,8 @@ SIDECAR_FILE = "mlflow.json"
 DEFAULT_EXPERIMENT = "gpulens"
 ARTIFACT_PATH = "record"
 # Conservative limits that every MLflow server version accepts.
-MAX_KEY_CHARS = 250
-MAX_PARAM_VALUE_CHARS = 500
-MAX_TAG_VALUE_CHARS = 5000
 MAX_PARAMS_TAGS_PER_BATCH = 100
 MAX_METRICS_PER_BATCH = 1000
-MAX_SERIES_POINTS = 500
-# Series columns copied to MLflow as step metrics.
-GPU_SERIES_COLUMNS = (
-    "gpu_util_pct",
-    "mem_util_pct",
-    "mem_used_bytes",
-    "power_w",
-    "temperature_c",
-    "sm_clock_mhz",
-    "sm_activity_pct",
-    "sm_occupancy_pct",
-    "tensor_activity_pct",
-    "dram_bw_util_pct",
-    "pcie_rx_bytes_per_s",
-    "pcie_tx_bytes_per_s",
-)
-HOST_SERIES_COLUMNS = (
-    "cpu_util_pct",
-    "proc_tree_cpu_pct",
-    "mem_used_bytes",
-    "disk_read_bytes_per_s",
-    "disk_write_bytes_per_s",
-    "net_rx_bytes_per_s",
-    "net_tx_bytes_per_s",
-)
-STEPS_SERIES_COLUMNS = ("step_time_s", "gpu_step_time_s", "data_wait_s", "h2d_s", "compute_s")
 SYNCABLE_STATUSES = (schema.STATUS_FINISHED, schema.STATUS_FAILED, schema.STATUS_KILLED)
 _MLFLOW_STATUS = {
     schema.STATUS_FINISHED: "FINISHED",
@@ -87,7 +58,6 @@ _MLFLOW_STATUS = {
 }
 LOCKED_RETRIES = 4  # attempts when SQLite says "database is locked" (backoff 0.5, 1, 2 s)
 _NOISY_LOGGERS = ("alembic", "mlflow.store.db.utils", "mlflow.store", "mlflow.tracking")
-_BAD_KEY_CHARS = re.compile(r"[^\w./\- ]")
 
 
 # ----------------------------------------------------------------------------- availability
@@ -183,133 +153,6 @@ def _write_sidecar(record: RunRecord, entry: dict[str, Any]) -> None:
         != (entry["tracking_uri"], entry["experiment"])
     ] + [entry]
     atomic_write_json(record.dir / SIDECAR_FILE, doc)
-
-
-# ----------------------------------------------------------------------------- conversion
-def mlflow_key(key: str) -> str:
-    """A key MLflow accepts: allowed characters only, no path tricks, at most 250 chars."""
-    key = _BAD_KEY_CHARS.sub("_", str(key)).strip() or "_"
-    if posixpath.normpath(key) != key or key.startswith(("/", ".")):
-        key = key.replace("/", "_").lstrip(".") or "_"
-    return key[:MAX_KEY_CHARS]
-
-
-def _text(value: Any, limit: int) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, default=str)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def record_params(record: RunRecord) -> dict[str, str]:
-    """Flattened effective config (requested config if the run never got that far)."""
-    meta = record.meta
-    config = meta.get("effective_config") or meta.get("requested_config") or {}
-    return {
-        mlflow_key(k): _text(v, MAX_PARAM_VALUE_CHARS)
-        for k, v in flatten(config, keep_none=True).items()
-    }
-
-
-def record_metrics(record: RunRecord) -> dict[str, float]:
-    """Flattened numeric summary; None, NaN, bools and strings are left out."""
-    summary = flatten(record.meta.get("summary") or {})
-    return {mlflow_key(k): float(v) for k, v in summary.items() if is_number(v)}
-
-
-def record_tags(record: RunRecord) -> dict[str, str]:
-    """Environment (``env.*``), unsupported metrics, non-numeric summary fields, gpulens facts."""
-    meta = record.meta
-    facts = run_facts(record)
-    tags: dict[str, Any] = {
-        f"env.{k}": v for k, v in flatten(meta.get("environment") or {}).items()
-    }
-    tags.update({f"unsupported.{k}": v for k, v in flatten(meta.get("unsupported") or {}).items()})
-    tags.update(
-        {
-            f"summary.{k}": v
-            for k, v in flatten(meta.get("summary") or {}).items()
-            if not isinstance(v, (int, float)) or isinstance(v, bool)
-        }
-    )
-    tags.update(
-        {
-            "gpulens.run_id": record.run_id,
-            "gpulens.status": record.status,
-            "gpulens.kind": meta.get("kind"),
-            "gpulens.name": meta.get("name"),
-            "gpulens.workload": facts["workload"],
-            "gpulens.device": facts["device"],
-            "gpulens.created_at": meta.get("created_at"),
-            "gpulens.ended_at": meta.get("ended_at"),
-            "gpulens.error": meta.get("error"),
-            "gpulens.record_dir": str(record.dir),
-            "gpulens.schema_version": meta.get("schema_version"),
-        }
-    )
-    return {mlflow_key(k): _text(v, MAX_TAG_VALUE_CHARS) for k, v in tags.items() if v is not None}
-
-
-def _ms(iso: str | None) -> int | None:
-    if not iso:
-        return None
-    try:
-        return int(datetime.fromisoformat(iso).timestamp() * 1000)
-    except ValueError:
-        return None
-
-
-def downsample(df: pd.DataFrame, max_points: int = MAX_SERIES_POINTS) -> pd.DataFrame:
-    """At most ``max_points`` rows: means over consecutive equal-count bins (numeric columns)."""
-    if len(df) <= max_points:
-        return df
-    bins = np.arange(len(df)) * max_points // len(df)
-    return df.select_dtypes("number").groupby(bins).mean().reset_index(drop=True)
-
-
-def series_metrics(record: RunRecord, max_points: int = MAX_SERIES_POINTS) -> list[tuple]:
-    """``(key, value, timestamp_ms, step)`` points for MLflow, at most ``max_points`` per key.
-
-    GPU metrics are ``gpu<index>/<column>``, host metrics ``host/<column>``; their step is the
-    elapsed time in milliseconds since the record's first sample. Step metrics are
-    ``steps/<column>`` with the training step number as step (warm-up steps included).
-    """
-    names = set(record.series_names())
-    frames = {n: record.series(n) for n in ("gpu", "host", "steps") if n in names}
-    times = [
-        df["time_unix_s"].min()
-        for df in frames.values()
-        if "time_unix_s" in df.columns and df["time_unix_s"].notna().any()
-    ]
-    t0_s = float(min(times)) if times else 0.0
-    points: list[tuple] = []
-
-    def add(df: pd.DataFrame, prefix: str, columns: Iterable[str], by_step: bool) -> None:
-        present = [c for c in columns if c in df.columns and df[c].notna().any()]
-        if not present or "time_unix_s" not in df.columns:
-            return
-        keep = ["time_unix_s", *present] + (["step"] if by_step and "step" in df.columns else [])
-        small = downsample(df[keep].astype("float64"), max_points)
-        for col in present:
-            part = small[["time_unix_s", col] + (["step"] if "step" in small.columns else [])]
-            part = part.dropna(subset=[col, "time_unix_s"])
-            for row in part.itertuples(index=False):
-                t_s, value = float(row[0]), float(row[1])
-                step = int(round(row[2])) if len(row) > 2 else int(round((t_s - t0_s) * 1000))
-                points.append((f"{prefix}/{col}", value, int(t_s * 1000), step))
-
-    gpu = frames.get("gpu")
-    if gpu is not None and "gpu_index" in gpu.columns:
-        for index, part in gpu.groupby("gpu_index", sort=True):
-            add(part.sort_values("time_unix_s"), f"gpu{int(index)}", GPU_SERIES_COLUMNS, False)
-    if "host" in frames:
-        add(frames["host"].sort_values("time_unix_s"), "host", HOST_SERIES_COLUMNS, False)
-    steps = frames.get("steps")
-    if steps is not None and "step" in steps.columns:
-        if "rank" in steps.columns and steps["rank"].notna().any():  # one series per rank
-            for rank, part in steps.groupby("rank", sort=True):
-                add(part.sort_values("step"), f"steps/rank{int(rank)}", STEPS_SERIES_COLUMNS, True)
-        else:
-            add(steps.sort_values("step"), "steps", STEPS_SERIES_COLUMNS, True)
-    return points
 
 
 def _chunks(items: list, size: int) -> Iterable[list]:
@@ -433,8 +276,8 @@ def _log_record_once(mlflow, record: RunRecord, uri: str, experiment: str) -> st
 
 def _log_new(client, experiment_id: str, record: RunRecord, Metric, Param, RunTag) -> str:
     meta = record.meta
-    start_ms = _ms(meta.get("created_at"))
-    end_ms = _ms(meta.get("ended_at")) or _ms(meta.get("heartbeat_at")) or start_ms
+    start_ms = iso_to_ms(meta.get("created_at"))
+    end_ms = iso_to_ms(meta.get("ended_at")) or iso_to_ms(meta.get("heartbeat_at")) or start_ms
     tags = record_tags(record)
     run = client.create_run(
         experiment_id,
