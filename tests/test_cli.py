@@ -208,12 +208,12 @@ def test_cuda_out_of_memory_is_one_line_exit_1_and_a_failed_record(
 ):
     import torch
 
-    import gpulens.workloads.train as train
+    import gpulens.workloads.loop as loop
 
     def oom(_fn):  # the allocator's error, raised where the first training step runs
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
 
-    monkeypatch.setattr(train, "_count_flops", oom)
+    monkeypatch.setattr(loop, "count_flops", oom)
     code, _, err = run_cli(
         capsys, "run", "tiny_cnn", "--batch-size", "512", "--device", "cpu", "--no-store"
     )

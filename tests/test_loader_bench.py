@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpulens.stalls.loader_bench import measure_loader
 from gpulens.errors import UsageError
+from gpulens.stalls.loader_bench import measure_loader
 from gpulens.workloads.config import TrainConfig
 
 

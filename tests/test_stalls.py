@@ -260,11 +260,14 @@ def test_stalls_needs_on_disk_data(capsys):
 
 
 def _fake_run(run_id, samples_per_s, ci_pct, wall_s=10.0):
-    from gpulens.workloads.train import TrainResult
+    from gpulens.run import RunResult
 
-    summary = {"throughput_samples_per_s": samples_per_s, "throughput_ci95_pct": ci_pct,
-               "measured_wall_s": wall_s}  # fmt: skip
-    return TrainResult(run_id, None, summary)
+    summary = {
+        "throughput_samples_per_s": samples_per_s,
+        "throughput_ci95_pct": ci_pct,
+        "measured_wall_s": wall_s,
+    }
+    return RunResult(run_id=run_id, record_dir=Path(run_id), kind="train", summary=summary)
 
 
 def test_pooled_runs_that_agree_combine_their_own_errors():
@@ -482,11 +485,14 @@ def test_stalls_paired_design_on_tokens_and_bad_data_fail_before_any_run(tmp_pat
 
 
 def test_the_fetch_design_follows_the_request_and_else_the_loader():
+    from gpulens.run import RunResult
     from gpulens.stalls import choose_fetch_design
-    from gpulens.workloads.train import TrainResult
 
-    def cached(wait_fraction: float) -> TrainResult:
-        return TrainResult("c", None, {"phases_s": {"step": 1.0, "data_wait": wait_fraction}})
+    def cached(wait_fraction: float) -> RunResult:
+        phases = {"step": 1.0, "data_wait": wait_fraction}
+        return RunResult(
+            run_id="c", record_dir=Path("c"), kind="train", summary={"phases_s": phases}
+        )
 
     assert choose_fetch_design("auto", "image_folder", 2, cached(0.5)) == "paired"
     assert choose_fetch_design("auto", "image_folder", 2, cached(0.01)) == "separate"

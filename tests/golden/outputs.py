@@ -37,14 +37,13 @@ def _round(value: Any) -> Any:
 def _stall_breakdown(runs_dir: Path) -> dict[str, Any]:
     from gpulens.record.reader import read_record
     from gpulens.stalls import breakdown_of, pooled, recommend, what_if
-    from gpulens.workloads.train import TrainResult
 
     by_role: dict[str, list] = {}
     for run_dir in sorted(p for p in runs_dir.iterdir() if (p / "run.json").exists()):
         rec = read_record(run_dir)
         name = rec.meta.get("name") or ""
         role = next(r for r in ROLES if name.endswith(r))
-        result = TrainResult(rec.meta["run_id"], run_dir, dict(rec.meta["summary"]))
+        result = rec.result()
         by_role.setdefault(role, []).append(result)
     measured = {role: pooled(results) for role, results in by_role.items()}
     shares, cis = breakdown_of(measured)

@@ -158,9 +158,9 @@ def validate(
 
     Each training run lasts ``steps`` measured steps or, with ``duration_s``, that long."""
     from gpulens.data.datasets import dataset_files
-    from gpulens.stalls.loader_bench import measure_loader
     from gpulens.data.pagecache import warm
     from gpulens.stalls import breakdown, is_loader_bound, measure_run
+    from gpulens.stalls.loader_bench import measure_loader
 
     say = progress or (lambda _msg: None)
     warm(dataset_files(data))

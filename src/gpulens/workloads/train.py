@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,6 @@ from gpulens.run import RunResult, RunSession, measured_run
 from gpulens.workloads.config import TrainConfig, resolve_config
 from gpulens.workloads.devices import nvml_index_for, resolve_device
 from gpulens.workloads.loop import ProgressFn, measured_loop
-from gpulens.workloads.loop import count_flops as _count_flops
 from gpulens.workloads.models import WorkloadSpec, get_workload
 from gpulens.workloads.recipe import oom_message, prepare
 from gpulens.workloads.run_summary import summarize_run
@@ -86,10 +85,7 @@ def _train(
     cuda = device.type == "cuda"
     timer = StepTimer(writer.series("steps", STEPS_SCHEMA), cuda=cuda, warmup_steps=0)
     with run.monitor(probes, hz=eff["sample_hz"]):
-        # _count_flops is looked up here, at call time, so a test can replace it.
-        loop = measured_loop(
-            prepared, eff, device, timer, progress, eff["batch_size"], flop_counter=_count_flops
-        )
+        loop = measured_loop(prepared, eff, device, timer, progress, eff["batch_size"])
         timer.finish()
     peak_mem = torch.cuda.max_memory_allocated(device) if cuda else None
     # The sampler's CPU share, and gpulens's own time on this training thread per step.
@@ -105,13 +101,3 @@ def _train(
         [nvml_index] if nvml_index is not None else [],
         [peak_mem],
     )
-
-
-@dataclass
-class TrainResult:
-    """Deprecated: ``run_training`` returns a :class:`gpulens.run.RunResult`. Kept only for
-    the test fakes that still build one (tests/test_stalls.py, tests/golden/outputs.py)."""
-
-    run_id: str
-    record_dir: Path | None
-    summary: dict[str, Any]
