@@ -1,0 +1,309 @@
+"""The cost of measuring a launch-bound loop (issue 19): gpulens against a plain PyTorch loop.
+
+One process, one GPU. For each case (resnet18 bf16 at batch 1, 8 and 64, resnet50 bf16 at 256)
+whole trials alternate, their order rotated from pair to pair (ABC, BCA, CAB, ...):
+
+- ``plain``: a plain PyTorch loop written as a user would (the torchvision model, channels_last,
+  bf16 autocast, SGD with momentum, ``zero_grad(set_to_none=True)``), no gpulens at all;
+- ``gpulens``: ``run_training`` -- exactly what ``gpulens run WORKLOAD --data synthetic`` runs
+  (record, sampler process at 10 Hz on the GPU and host, step timer, progress callback);
+- ``tracker``: the same plain loop inside ``gpulens.track()`` with ``tracker.data()`` and
+  ``tracker.step()`` (the tracking API's own run: record, sampler, step timer);
+- ablations of the ``gpulens`` arm, to find what costs (``--ablations``): ``no_gpu_probe`` (the
+  sampler samples the host only: no NVML calls), ``no_sampler`` (no sampler process),
+  ``host_timer`` (the step timer without CUDA events), ``bare`` (no sampler, no CUDA events).
+
+Every arm runs the same number of steps after the same warm-up; throughput is measured steps x
+batch / measured wall time (synchronised at both ends) for every arm, so the arms are timed alike.
+The ratio arm / plain is taken per pair; the table gives the median and a 95% t-interval of the
+ratios.
+
+    python benchmarks/launch_overhead.py --out results.json [--pairs 5] [--trial-s 3]
+        [--cases r18_b1,r18_b8,r18_b64,r50_b256] [--ablations r18_b1,r18_b8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import torch
+
+CASES = {
+    "r18_b1": dict(workload="resnet18", batch_size=1),
+    "r18_b8": dict(workload="resnet18", batch_size=8),
+    "r18_b64": dict(workload="resnet18", batch_size=64),
+    "r50_b256": dict(workload="resnet50", batch_size=256),
+}
+WARMUP_STEPS = 30
+DEVICE = torch.device("cuda:0") if torch.cuda.is_available() else torch.device("cpu")
+
+
+# ------------------------------------------------------------------------------ the plain loop
+def plain_parts(workload: str, batch: int, seed: int = 0):
+    """Model, optimizer and a few on-device batches, as a user would write them."""
+    from gpulens.workloads.models import get_workload
+
+    spec = get_workload(workload)  # only for the torchvision constructor and input shape
+    torch.manual_seed(seed)
+    model = spec.build().to(DEVICE).to(memory_format=torch.channels_last)
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    g = torch.Generator().manual_seed(seed)
+    pool = []
+    for _ in range(4):
+        x = torch.randn((batch, *spec.input_shape), generator=g).to(DEVICE)
+        y = torch.randint(0, spec.num_classes, (batch,), generator=g).to(DEVICE)
+        pool.append((x.contiguous(memory_format=torch.channels_last), y))
+    return model, opt, pool
+
+
+def plain_step(model, opt, x, y):
+    with torch.autocast(device_type=DEVICE.type, dtype=torch.bfloat16):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def sync():
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize(DEVICE)
+
+
+def run_plain(case: dict, steps: int) -> dict:
+    model, opt, pool = plain_parts(case["workload"], case["batch_size"])
+    for i in range(WARMUP_STEPS):
+        plain_step(model, opt, *pool[i % len(pool)])
+    sync()
+    t0 = time.perf_counter()
+    for i in range(steps):
+        plain_step(model, opt, *pool[i % len(pool)])
+    sync()
+    wall_s = time.perf_counter() - t0
+    return {"samples_per_s": steps * case["batch_size"] / wall_s, "wall_s": wall_s}
+
+
+def run_tracker(case: dict, steps: int, runs_root: Path) -> dict:
+    import gpulens
+
+    os.environ["GPULENS_HOME"] = str(runs_root)
+    model, opt, pool = plain_parts(case["workload"], case["batch_size"])
+    total = WARMUP_STEPS + steps
+
+    def batches():
+        for i in range(total):
+            yield pool[i % len(pool)]
+
+    t0 = None
+    with gpulens.track(name="overhead-tracker", store=False) as tracker:
+        for i, (x, y) in enumerate(tracker.data(batches())):
+            if i == WARMUP_STEPS:
+                sync()
+                t0 = time.perf_counter()
+            plain_step(model, opt, x, y)
+            tracker.step()
+        sync()
+        wall_s = time.perf_counter() - t0
+    summary = dict(tracker.summary() or {}) if hasattr(tracker, "summary") else {}
+    return {
+        "samples_per_s": steps * case["batch_size"] / wall_s,
+        "wall_s": wall_s,
+        "tracking_us_per_step": summary.get("tracking_us_per_step"),
+    }
+
+
+# ------------------------------------------------------------------------------ gpulens run
+@contextlib.contextmanager
+def ablated(arm: str):
+    """Patch what the ``gpulens`` arm runs without; nothing for ``gpulens`` itself."""
+    import gpulens.workloads.train as train
+    from gpulens.probes.steps import StepTimer
+    from gpulens.run.lifecycle import RunSession
+
+    saved: list[tuple[Any, str, Any]] = []
+
+    def patch(obj, name, value):
+        saved.append((obj, name, getattr(obj, name)))
+        setattr(obj, name, value)
+
+    if arm in ("no_sampler", "bare"):
+
+        class _NoMonitor:
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                return False
+
+            def overhead(self):
+                class _O:
+                    def as_dict(self):
+                        return {}
+
+                return _O()
+
+        def monitor(self, probes, hz=10.0):
+            self._monitor = _NoMonitor()
+            return self._monitor
+
+        patch(RunSession, "monitor", monitor)
+    if arm == "no_gpu_probe":
+        patch(train, "nvml_index_for", lambda device: None)
+    if arm in ("host_timer", "bare"):
+
+        class HostTimer(StepTimer):
+            def __init__(self, series, cuda, warmup_steps):
+                super().__init__(series, cuda=False, warmup_steps=warmup_steps)
+
+        patch(train, "StepTimer", HostTimer)
+    try:
+        yield
+    finally:
+        for obj, name, value in reversed(saved):
+            setattr(obj, name, value)
+
+
+def run_gpulens(case: dict, steps: int, runs_root: Path, arm: str = "gpulens") -> dict:
+    from rich.console import Console
+
+    from gpulens.report.progress import ProgressReporter
+    from gpulens.workloads.config import TrainConfig
+    from gpulens.workloads.train import run_training
+
+    config = TrainConfig(
+        case["workload"],
+        batch_size=case["batch_size"],
+        steps=steps,
+        warmup_steps=WARMUP_STEPS,
+        precision="bf16",
+        data="synthetic",
+        device=str(DEVICE),
+        name=f"overhead-{arm}",
+    )
+    # The CLI's progress off a terminal (what a batch job, a notebook or this call sees).
+    console = Console(file=io.StringIO(), force_terminal=False)
+    with ProgressReporter(console, "run", live=False, unit="steps") as progress:
+
+        def on_step(step, total, elapsed_s, info):
+            progress.count(step, total)
+
+        with ablated(arm):
+            result = run_training(config, runs_root, progress=on_step)
+    s = result.summary
+    wall_s = s["measured_wall_s"]
+    return {
+        "samples_per_s": steps * case["batch_size"] / wall_s,
+        "wall_s": wall_s,
+        "summary_samples_per_s": s.get("throughput_samples_per_s"),
+        "tracking_us_per_step": s.get("tracking_us_per_step"),
+        "sampler_cpu_pct_of_core": s.get("sampler_cpu_pct_of_core"),
+        "record_dir": str(result.record_dir),
+    }
+
+
+# ------------------------------------------------------------------------------ statistics
+def interval95(xs: list[float]) -> list[float] | None:
+    from gpulens.stats import t95
+
+    if len(xs) < 2:
+        return None
+    m, sd = statistics.fmean(xs), statistics.stdev(xs)
+    h = t95(len(xs) - 1) * sd / len(xs) ** 0.5
+    return [round(m - h, 4), round(m + h, 4)]
+
+
+def calibrate_steps(case: dict, trial_s: float) -> int:
+    """Steps for a trial of about ``trial_s`` seconds of the plain loop."""
+    probe = run_plain(case, 100)
+    step_s = 100 / (probe["samples_per_s"] / case["batch_size"]) / 100
+    return max(50, int(trial_s / step_s))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--ablations", default="r18_b1,r18_b8", help="cases with ablation arms")
+    ap.add_argument("--pairs", type=int, default=5)
+    ap.add_argument("--trial-s", type=float, default=3.0)
+    ap.add_argument("--no-tracker", action="store_true")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    os.environ.setdefault("GPULENS_STORE", "0")
+    cases = [c for c in args.cases.split(",") if c]
+    ablation_cases = {c for c in args.ablations.split(",") if c}
+    gpu = torch.cuda.get_device_name(0) if DEVICE.type == "cuda" else platform.processor()
+    doc: dict[str, Any] = {
+        "benchmark": "launch_overhead",
+        "date": date.today().isoformat(),
+        "gpu": gpu,
+        "torch": torch.__version__,
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "warmup_steps": WARMUP_STEPS,
+        "pairs": args.pairs,
+        "cases": {},
+    }
+    tmp = Path(tempfile.mkdtemp(prefix="gpulens-overhead-"))
+    for name in cases:
+        case = CASES[name]
+        steps = calibrate_steps(case, args.trial_s)
+        arms = ["plain", "gpulens"] + ([] if args.no_tracker else ["tracker"])
+        if name in ablation_cases:
+            arms += ["no_gpu_probe", "no_sampler", "host_timer", "bare"]
+        trials: dict[str, list[dict]] = {a: [] for a in arms}
+        print(f"{name}: {steps} steps per trial, arms {arms}", flush=True)
+        for pair in range(args.pairs):
+            order = arms[pair % len(arms) :] + arms[: pair % len(arms)]
+            for arm in order:
+                if arm == "plain":
+                    r = run_plain(case, steps)
+                elif arm == "tracker":
+                    r = run_tracker(case, steps, tmp / "home")
+                else:
+                    r = run_gpulens(case, steps, tmp / "runs", arm)
+                r["pair"] = pair
+                trials[arm].append(r)
+                print(f"  pair {pair} {arm:>12}: {r['samples_per_s']:9.1f} samples/s", flush=True)
+        out = {"steps_per_trial": steps, **case, "precision": "bf16", "arms": {}}
+        plain = [t["samples_per_s"] for t in trials["plain"]]
+        for arm in arms:
+            rates = [t["samples_per_s"] for t in trials[arm]]
+            ratios = [r / p for r, p in zip(rates, plain, strict=True)]
+            out["arms"][arm] = {
+                "samples_per_s": [round(r, 2) for r in rates],
+                "ratio_to_plain": [round(r, 4) for r in ratios],
+                "ratio_median": round(statistics.median(ratios), 4),
+                "ratio_mean": round(statistics.fmean(ratios), 4),
+                "ratio_ci95": interval95(ratios),
+                "tracking_us_per_step": [t.get("tracking_us_per_step") for t in trials[arm]],
+                "sampler_cpu_pct_of_core": [t.get("sampler_cpu_pct_of_core") for t in trials[arm]],
+            }
+        doc["cases"][name] = out
+    Path(args.out).write_text(json.dumps(doc, indent=2))
+    print(f"\n{gpu}, {args.pairs} pairs, ratio = arm / plain loop (same pair)")
+    head = ("case", "arm", "samples/s", "median", "95% interval", "us/step")
+    print(f"{head[0]:<9} {head[1]:>13} {head[2]:>10} {head[3]:>7} {head[4]:>17} {head[5]:>8}")
+    for name, out in doc["cases"].items():
+        for arm, a in out["arms"].items():
+            ci = a["ratio_ci95"]
+            ci_s = f"[{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "-"
+            us = [u for u in a["tracking_us_per_step"] if u is not None]
+            us_s = f"{statistics.median(us):.0f}" if us else "-"
+            rate = statistics.median(a["samples_per_s"])
+            print(f"{name:<9} {arm:>13} {rate:10.1f} {a['ratio_median']:7.3f} {ci_s:>17} {us_s:>8}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
