@@ -1,7 +1,8 @@
 """The cost of measuring a launch-bound loop (issue 19): gpulens against a plain PyTorch loop.
 
 One process, one GPU. For each case (resnet18 bf16 at batch 1, 8 and 64, resnet50 bf16 at 256)
-whole trials alternate, their order rotated from pair to pair (ABC, BCA, CAB, ...):
+whole trials run in adjacent pairs, a plain-loop trial next to each other arm's trial, the
+order alternating from pair to pair (AB, BA, ...), so slow drift of the host cancels:
 
 - ``plain``: a plain PyTorch loop written as a user would (the torchvision model, channels_last,
   bf16 autocast, SGD with momentum, ``zero_grad(set_to_none=True)``), no gpulens at all;
@@ -9,14 +10,15 @@ whole trials alternate, their order rotated from pair to pair (ABC, BCA, CAB, ..
   (record, sampler process at 10 Hz on the GPU and host, step timer, progress callback);
 - ``tracker``: the same plain loop inside ``gpulens.track()`` with ``tracker.data()`` and
   ``tracker.step()`` (the tracking API's own run: record, sampler, step timer);
-- ablations of the ``gpulens`` arm, to find what costs (``--ablations``): ``no_gpu_probe`` (the
-  sampler samples the host only: no NVML calls), ``no_sampler`` (no sampler process),
-  ``host_timer`` (the step timer without CUDA events), ``bare`` (no sampler, no CUDA events).
+- variants of the ``gpulens`` arm, to find what costs (``--ablations``): ``every_step`` (CUDA
+  events on every step, as before issue 19), ``no_gpu_probe`` (the sampler samples the host
+  only: no NVML calls), ``no_sampler`` (no sampler process), ``host_timer`` (the step timer
+  without CUDA events), ``bare`` (no sampler, no CUDA events).
 
 Every arm runs the same number of steps after the same warm-up; throughput is measured steps x
 batch / measured wall time (synchronised at both ends) for every arm, so the arms are timed alike.
-The ratio arm / plain is taken per pair; the table gives the median and a 95% t-interval of the
-ratios.
+The ratio arm / plain is taken per pair (each arm against its own adjacent plain trial); the
+table gives the median and a 95% t-interval of the ratios.
 
     python benchmarks/launch_overhead.py --out results.json [--pairs 5] [--trial-s 3]
         [--cases r18_b1,r18_b8,r18_b64,r50_b256] [--ablations r18_b1,r18_b8]
@@ -161,6 +163,13 @@ def ablated(arm: str):
         patch(RunSession, "monitor", monitor)
     if arm == "no_gpu_probe":
         patch(train, "nvml_index_for", lambda device: None)
+    if arm == "every_step":
+
+        class EveryStepTimer(StepTimer):
+            def __init__(self, series, cuda, warmup_steps):
+                super().__init__(series, cuda=cuda, warmup_steps=warmup_steps, gpu_every=1)
+
+        patch(train, "StepTimer", EveryStepTimer)
     if arm in ("host_timer", "bare"):
 
         class HostTimer(StepTimer):
@@ -209,6 +218,7 @@ def run_gpulens(case: dict, steps: int, runs_root: Path, arm: str = "gpulens") -
         "summary_samples_per_s": s.get("throughput_samples_per_s"),
         "tracking_us_per_step": s.get("tracking_us_per_step"),
         "sampler_cpu_pct_of_core": s.get("sampler_cpu_pct_of_core"),
+        "gpu_timing_every_n_steps": s.get("gpu_timing_every_n_steps"),
         "record_dir": str(result.record_dir),
     }
 
@@ -234,7 +244,10 @@ def calibrate_steps(case: dict, trial_s: float) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default=",".join(CASES))
-    ap.add_argument("--ablations", default="r18_b1,r18_b8", help="cases with ablation arms")
+    ap.add_argument("--ablations", default="r18_b8", help="cases with the variant arms")
+    ap.add_argument(
+        "--variants", default="every_step,no_sampler,host_timer", help="variant arms to run"
+    )
     ap.add_argument("--pairs", type=int, default=5)
     ap.add_argument("--trial-s", type=float, default=3.0)
     ap.add_argument("--no-tracker", action="store_true")
@@ -258,42 +271,51 @@ def main() -> int:
     for name in cases:
         case = CASES[name]
         steps = calibrate_steps(case, args.trial_s)
-        arms = ["plain", "gpulens"] + ([] if args.no_tracker else ["tracker"])
+        arms = ["gpulens"] + ([] if args.no_tracker else ["tracker"])
         if name in ablation_cases:
-            arms += ["no_gpu_probe", "no_sampler", "host_timer", "bare"]
+            arms += [v for v in args.variants.split(",") if v]
         trials: dict[str, list[dict]] = {a: [] for a in arms}
+        plain: dict[str, list[dict]] = {a: [] for a in arms}  # each arm's adjacent plain trials
         print(f"{name}: {steps} steps per trial, arms {arms}", flush=True)
         for pair in range(args.pairs):
-            order = arms[pair % len(arms) :] + arms[: pair % len(arms)]
-            for arm in order:
-                if arm == "plain":
-                    r = run_plain(case, steps)
-                elif arm == "tracker":
-                    r = run_tracker(case, steps, tmp / "home")
-                else:
-                    r = run_gpulens(case, steps, tmp / "runs", arm)
-                r["pair"] = pair
-                trials[arm].append(r)
-                print(f"  pair {pair} {arm:>12}: {r['samples_per_s']:9.1f} samples/s", flush=True)
+            for arm in arms:
+                for which in ("plain", arm) if pair % 2 == 0 else (arm, "plain"):
+                    if which == "plain":
+                        r = run_plain(case, steps)
+                    elif which == "tracker":
+                        r = run_tracker(case, steps, tmp / "home")
+                    else:
+                        r = run_gpulens(case, steps, tmp / "runs", which)
+                    r["pair"] = pair
+                    (plain if which == "plain" else trials)[arm].append(r)
+                rate, ref = trials[arm][-1]["samples_per_s"], plain[arm][-1]["samples_per_s"]
+                print(f"  pair {pair} {arm:>12}: {rate:9.1f} vs plain {ref:9.1f}", flush=True)
         out = {"steps_per_trial": steps, **case, "precision": "bf16", "arms": {}}
-        plain = [t["samples_per_s"] for t in trials["plain"]]
         for arm in arms:
             rates = [t["samples_per_s"] for t in trials[arm]]
-            ratios = [r / p for r, p in zip(rates, plain, strict=True)]
+            refs = [t["samples_per_s"] for t in plain[arm]]
+            ratios = [r / p for r, p in zip(rates, refs, strict=True)]
             out["arms"][arm] = {
                 "samples_per_s": [round(r, 2) for r in rates],
+                "plain_samples_per_s": [round(r, 2) for r in refs],
                 "ratio_to_plain": [round(r, 4) for r in ratios],
                 "ratio_median": round(statistics.median(ratios), 4),
                 "ratio_mean": round(statistics.fmean(ratios), 4),
                 "ratio_ci95": interval95(ratios),
                 "tracking_us_per_step": [t.get("tracking_us_per_step") for t in trials[arm]],
                 "sampler_cpu_pct_of_core": [t.get("sampler_cpu_pct_of_core") for t in trials[arm]],
+                "gpu_timing_every_n_steps": [
+                    t.get("gpu_timing_every_n_steps") for t in trials[arm]
+                ],
             }
         doc["cases"][name] = out
     Path(args.out).write_text(json.dumps(doc, indent=2))
     print(f"\n{gpu}, {args.pairs} pairs, ratio = arm / plain loop (same pair)")
-    head = ("case", "arm", "samples/s", "median", "95% interval", "us/step")
-    print(f"{head[0]:<9} {head[1]:>13} {head[2]:>10} {head[3]:>7} {head[4]:>17} {head[5]:>8}")
+    head = ("case", "arm", "samples/s", "ratio", "95% interval", "us/step", "every")
+    print(
+        f"{head[0]:<9} {head[1]:>12} {head[2]:>10} {head[3]:>6} {head[4]:>16} {head[5]:>7} "
+        f"{head[6]:>5}"
+    )
     for name, out in doc["cases"].items():
         for arm, a in out["arms"].items():
             ci = a["ratio_ci95"]
@@ -301,7 +323,12 @@ def main() -> int:
             us = [u for u in a["tracking_us_per_step"] if u is not None]
             us_s = f"{statistics.median(us):.0f}" if us else "-"
             rate = statistics.median(a["samples_per_s"])
-            print(f"{name:<9} {arm:>13} {rate:10.1f} {a['ratio_median']:7.3f} {ci_s:>17} {us_s:>8}")
+            every = [e for e in a["gpu_timing_every_n_steps"] if e is not None]
+            ev_s = str(statistics.median(every)) if every else "-"
+            print(
+                f"{name:<9} {arm:>12} {rate:10.1f} {a['ratio_median']:6.3f} {ci_s:>16} "
+                f"{us_s:>7} {ev_s:>5}"
+            )
     return 0
 
 

@@ -3,24 +3,45 @@
 GPU phases are timed with CUDA events that are read back only once the GPU has passed them
 (``Event.query()``), so timing never inserts a synchronize that would destroy the overlap between
 the host queuing work and the GPU running it.
+
+Events cost host time on the training thread (about 100 us a step on an H100 host: three event
+records, a query and three read-backs), which is over 1% of a launch-bound step of a few
+milliseconds. So by default (``gpu_every=None``) the first :data:`CALIBRATION_STEPS` steps are all
+timed on the GPU, and from then on one step in ``gpu_every``, chosen so that the events cost at
+most :data:`GPU_TIMING_BUDGET` of a step: every step of a long step, a sample of a short one. The
+host times (data wait, step time) are taken on every step; the GPU times (``h2d_s``,
+``compute_s``, ``gpu_step_time_s``) are None on the steps not sampled, and the summary says how
+they were sampled (``gpu_timing_every_n_steps``).
 """
 
 from __future__ import annotations
 
+import math
+import statistics
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpulens.record.schema import STEPS_SCHEMA
 from gpulens.record.writer import SeriesWriter
+
+__all__ = ["CALIBRATION_STEPS", "GPU_TIMING_BUDGET", "STEPS_SCHEMA", "StepTimer"]
+
+CALIBRATION_STEPS = 20  # steps all timed on the GPU before the sampling interval is chosen
+GPU_TIMING_BUDGET = 0.004  # at most this share of a step goes to CUDA events
+MAX_GPU_EVERY = 64
 
 
 @dataclass
 class _Pending:
+    index: int  # the row's position in StepTimer.rows
     row: dict[str, Any]
     start: Any  # torch.cuda.Event
     copied: Any
     done: Any
+    next_start: Any = None  # the next step's start: the end of this step's GPU step time
+    next_is_lone: bool = False  # next_start belongs to no timed step (freed after use)
 
 
 @dataclass
@@ -31,6 +52,9 @@ class StepTimer:
     in hand, ``copy_done()`` after the host-to-device copy was queued, ``end_step()`` after the
     optimizer step was queued. On CPU the phases are host times.
 
+    ``gpu_every``: time one step in this many on the GPU (1: every step); None chooses it after
+    :data:`CALIBRATION_STEPS` steps (see the module's docstring).
+
     ``tracking_s`` adds up the host time spent inside these calls (gpulens's own work on the
     training thread: clocks, CUDA events, writing rows); :meth:`tracking_us_per_step` is its
     mean per step.
@@ -39,6 +63,7 @@ class StepTimer:
     series: SeriesWriter | None
     cuda: bool
     warmup_steps: int
+    gpu_every: int | None = None
     rows: list[dict[str, Any]] = field(default_factory=list)
     _pending: deque = field(default_factory=deque)
     _step: int = 0
@@ -46,26 +71,72 @@ class StepTimer:
     _t_ready: float = 0.0
     _t_copied: float = 0.0
     _prev_begin: float | None = None
-    _prev_gpu_start: Any = None
     _events: Any = None
+    _await_next: _Pending | None = None
     _free_events: list = field(default_factory=list)
+    _calibration: list = field(default_factory=list)  # (host step time, tracking time) per step
+    _every: int = 1
+    _next_timed: int = 0
+    _timed: bool = False
+    _step_tracking_s: float = 0.0
     # Completed events are read back in batches: fewer driver calls on the training thread.
     resolve_every: int = 4
     tracking_s: float = 0.0
+    _emitted: int = 0
+
+    def __post_init__(self) -> None:
+        if self.gpu_every is not None:
+            if self.gpu_every < 1:
+                raise ValueError(f"gpu_every must be 1 or more, got {self.gpu_every}")
+            self._every = self.gpu_every
+
+    @property
+    def gpu_timing_every_n_steps(self) -> int | None:
+        """One step in this many is timed on the GPU (None off CUDA)."""
+        return self._every if self.cuda else None
 
     def begin_step(self) -> None:
         self._t_begin = time.perf_counter()
         if self._prev_begin is not None and self.rows:
             # Host step time: from one step's start to the next, which includes everything.
-            self.rows[-1]["step_time_s"] = self._t_begin - self._prev_begin
+            step_time_s = self._t_begin - self._prev_begin
+            self.rows[-1]["step_time_s"] = step_time_s
+            if self.cuda and self.gpu_every is None and len(self._calibration) < CALIBRATION_STEPS:
+                self._calibrate(step_time_s)
         self._prev_begin = self._t_begin
-        self.tracking_s += time.perf_counter() - self._t_begin
+        self._step_tracking_s = time.perf_counter() - self._t_begin
+        self.tracking_s += self._step_tracking_s
+
+    def _calibrate(self, step_time_s: float) -> None:
+        self._calibration.append((step_time_s, self._step_tracking_s))
+        if len(self._calibration) < CALIBRATION_STEPS:
+            return
+        # The first steps carry start-up (allocations, autotuning): judge on the later half.
+        later = self._calibration[CALIBRATION_STEPS // 2 :]
+        step_s = statistics.median(t for t, _ in later)
+        cost_s = statistics.median(c for _, c in later)
+        if step_s > 0:
+            self._every = min(
+                MAX_GPU_EVERY, max(1, math.ceil(cost_s / (GPU_TIMING_BUDGET * step_s)))
+            )
+        self._next_timed = self._step  # sampling starts with this step
 
     def batch_ready(self) -> None:
         self._t_ready = time.perf_counter()
         if self.cuda:
-            self._events = [self._event(), self._event(), self._event()]
-            self._events[0].record()
+            self._timed = self._step >= self._next_timed
+            if self._timed:
+                self._next_timed = self._step + self._every
+                self._events = [self._event(), self._event(), self._event()]
+                self._events[0].record()
+                if self._await_next is not None:
+                    self._await_next.next_start = self._events[0]
+            elif self._await_next is not None:
+                lone = self._event()
+                lone.record()
+                self._await_next.next_start, self._await_next.next_is_lone = lone, True
+            self._await_next = None
+        self._step_tracking_s += time.perf_counter() - self._t_ready
         self.tracking_s += time.perf_counter() - self._t_ready
 
     def _event(self):
@@ -78,8 +149,9 @@ class StepTimer:
 
     def copy_done(self) -> None:
         self._t_copied = time.perf_counter()
-        if self.cuda:
+        if self.cuda and self._timed:
             self._events[1].record()
+        self._step_tracking_s += time.perf_counter() - self._t_copied
         self.tracking_s += time.perf_counter() - self._t_copied
 
     def end_step(self, samples: int) -> None:
@@ -95,20 +167,22 @@ class StepTimer:
             "step_time_s": None,
             "gpu_step_time_s": None,
         }
-        if self.cuda:
+        if self.cuda and self._timed:
             self._events[2].record()
-            self._pending.append(_Pending(row, *self._events))
-        else:
+            pending = _Pending(len(self.rows), row, *self._events)
+            self._pending.append(pending)
+            self._await_next = pending
+        elif not self.cuda:
             row["h2d_s"] = self._t_copied - self._t_ready
             row["compute_s"] = t_end - self._t_copied
         self.rows.append(row)
         self._step += 1
-        if not self.cuda:
-            self._emit_complete()
-        elif len(self._pending) >= self.resolve_every:
+        if len(self._pending) >= self.resolve_every:
             self._resolve(block=False)
-            self._emit_complete()
-        self.tracking_s += time.perf_counter() - t_end
+        self._emit_complete()
+        spent = time.perf_counter() - t_end
+        self._step_tracking_s += spent
+        self.tracking_s += spent
 
     def tracking_us_per_step(self) -> float | None:
         """Mean host time (microseconds) this timer spent per step on the training thread;
@@ -120,27 +194,28 @@ class StepTimer:
     def _resolve(self, block: bool) -> None:
         while self._pending:
             p = self._pending[0]
-            if not block and not p.done.query():
+            if p.next_start is None and not block:
+                return  # its GPU step time ends at a start not yet recorded
+            if not block and not p.next_start.query():
                 return
             if block:
-                p.done.synchronize()
+                (p.next_start or p.done).synchronize()
             p.row["h2d_s"] = p.start.elapsed_time(p.copied) / 1000.0
             p.row["compute_s"] = p.copied.elapsed_time(p.done) / 1000.0
-            if self._prev_gpu_start is not None:
-                prev_row, prev_start = self._prev_gpu_start
-                prev_row["gpu_step_time_s"] = prev_start.elapsed_time(p.start) / 1000.0
-                self._free_events.append(prev_start)
-            self._prev_gpu_start = (p.row, p.start)
-            self._free_events.extend((p.copied, p.done))
+            if p.next_start is not None:
+                p.row["gpu_step_time_s"] = p.start.elapsed_time(p.next_start) / 1000.0
+                if p.next_is_lone:
+                    self._free_events.append(p.next_start)
+            self._free_events.extend((p.start, p.copied, p.done))
             self._pending.popleft()
 
-    _emitted: int = 0
-
     def _emit_complete(self) -> None:
-        """Write the rows whose fields are all known (next step begun, GPU done)."""
+        """Write the rows whose fields are all known (next step begun, GPU done), in order."""
         if self.series is None:
             return
-        limit = len(self.rows) - 1 - len(self._pending)  # the last row waits for its step time
+        limit = len(self.rows) - 1  # the last row waits for its step time
+        if self._pending:
+            limit = min(limit, self._pending[0].index)
         while self._emitted < limit:
             self.series.append(self.rows[self._emitted])
             self._emitted += 1

@@ -272,7 +272,11 @@ def _spawn_and_summarize(
         log.warning("NCCL was asked for sockets but reported %s", ", ".join(transports))
     measured = [r for r in result["rows"] if not r["warmup"]]
     # Rank 0's time in gpulens's step timer per step, on its training thread.
-    costs = {**run.monitor_costs(), "tracking_us_per_step": result.get("tracking_us_per_step")}
+    costs = {
+        **run.monitor_costs(),
+        "tracking_us_per_step": result.get("tracking_us_per_step"),
+        "gpu_timing_every_n_steps": result.get("gpu_timing_every_n_steps"),
+    }
     peak_mem_bytes = [peaks.get(r) for r in range(world)]
     loop = LoopResult(**result["loop"])
     return summarize_run(
@@ -345,6 +349,7 @@ def _rank_main(
                         "rows": timer.rows,
                         "loop": asdict(loop),
                         "tracking_us_per_step": timer.tracking_us_per_step(),
+                        "gpu_timing_every_n_steps": timer.gpu_timing_every_n_steps,
                     },
                 )
             )

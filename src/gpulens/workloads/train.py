@@ -89,7 +89,11 @@ def _train(
         timer.finish()
     peak_mem = torch.cuda.max_memory_allocated(device) if cuda else None
     # The sampler's CPU share, and gpulens's own time on this training thread per step.
-    costs = {**run.monitor_costs(), "tracking_us_per_step": timer.tracking_us_per_step()}
+    costs = {
+        **run.monitor_costs(),
+        "tracking_us_per_step": timer.tracking_us_per_step(),
+        "gpu_timing_every_n_steps": timer.gpu_timing_every_n_steps,
+    }
     return summarize_run(
         spec,
         eff,

@@ -1,0 +1,141 @@
+"""The step timer on a GPU, faked at the CUDA boundary (``torch.cuda.Event`` over a simulated
+stream clock): GPU phases on every step or on a sample of them, rows written in order, and the
+sampling interval chosen from what the events cost against the step time."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from gpulens.probes import steps
+from gpulens.probes.steps import StepTimer
+from gpulens.record.reader import read_record
+from gpulens.record.schema import STEPS_SCHEMA
+from gpulens.record.writer import RunWriter
+from gpulens.stats import throughput_ci
+from gpulens.workloads.loop import ci_step_times
+
+H2D_S, COMPUTE_S = 0.001, 0.004  # per step on the simulated stream
+
+
+class FakeStream:
+    """Where the GPU's clock stands; an event records its time when recorded."""
+
+    def __init__(self, record_cost_s: float = 0.0):
+        self.now_s = 0.0
+        self.record_cost_s = record_cost_s
+        self.created = 0
+        self.records = 0
+
+
+@pytest.fixture
+def stream(monkeypatch):
+    s = FakeStream()
+
+    class FakeEvent:
+        def __init__(self, enable_timing: bool = False):
+            assert enable_timing
+            s.created += 1
+            self.t_s = None
+
+        def record(self):
+            if s.record_cost_s:
+                time.sleep(s.record_cost_s)
+            s.records += 1
+            self.t_s = s.now_s
+
+        def query(self):
+            assert self.t_s is not None, "queried before it was recorded"
+            return True
+
+        def synchronize(self):
+            assert self.t_s is not None
+
+        def elapsed_time(self, end):
+            return (end.t_s - self.t_s) * 1000.0
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    return s
+
+
+def _train(timer: StepTimer, stream: FakeStream, n: int, host_step_s: float = 0.0) -> None:
+    for _ in range(n):
+        timer.begin_step()
+        timer.batch_ready()
+        stream.now_s += H2D_S
+        timer.copy_done()
+        stream.now_s += COMPUTE_S
+        if host_step_s:
+            time.sleep(host_step_s)
+        timer.end_step(samples=8)
+    timer.finish()
+
+
+def test_every_step_timed_on_the_gpu_when_asked(stream, tmp_path):
+    w = RunWriter(tmp_path, kind="train")
+    timer = StepTimer(w.series("steps", STEPS_SCHEMA), cuda=True, warmup_steps=0, gpu_every=1)
+    _train(timer, stream, 10)
+    w.finish()
+    df = read_record(w.dir).series("steps")
+    assert list(df["step"]) == list(range(10))
+    assert df["h2d_s"].round(6).eq(H2D_S).all() and df["compute_s"].round(6).eq(COMPUTE_S).all()
+    gpu = df["gpu_step_time_s"]
+    assert gpu[:-1].round(6).eq(H2D_S + COMPUTE_S).all() and gpu.isna().iloc[-1]
+    assert timer.gpu_timing_every_n_steps == 1
+    # events are reused once read back (at most resolve_every + 1 steps in flight)
+    assert stream.records == 30 and stream.created <= 3 * (timer.resolve_every + 1)
+
+
+def test_a_sample_of_steps_is_timed_and_rows_stay_in_order(stream, tmp_path):
+    w = RunWriter(tmp_path, kind="train")
+    timer = StepTimer(w.series("steps", STEPS_SCHEMA), cuda=True, warmup_steps=0, gpu_every=3)
+    _train(timer, stream, 12)
+    w.finish()
+    df = read_record(w.dir).series("steps")
+    assert list(df["step"]) == list(range(12))
+    timed = df["compute_s"].notna()
+    assert list(df.index[timed]) == [0, 3, 6, 9]
+    assert df.loc[timed, "h2d_s"].round(6).eq(H2D_S).all()
+    # each timed step ends at the next step's start (a lone event when that step is not timed)
+    assert df.loc[timed, "gpu_step_time_s"].round(6).eq(H2D_S + COMPUTE_S).all()
+    assert df.loc[~timed, ["h2d_s", "gpu_step_time_s"]].isna().all().all()
+    # host phases on every step
+    assert df["data_wait_s"].notna().all() and df["step_time_s"].notna().all()
+    assert stream.records == 4 * 3 + 4  # three per timed step, one lone start after each
+    assert ci_step_times(timer.rows) == pytest.approx([H2D_S + COMPUTE_S] * 4)
+
+
+def test_sampled_gpu_step_times_give_the_interval(stream):
+    timer = StepTimer(None, cuda=True, warmup_steps=0, gpu_every=4)
+    _train(timer, stream, 200)
+    times = ci_step_times(timer.rows)
+    assert len(times) == 50 and times == pytest.approx([H2D_S + COMPUTE_S] * 50)
+    assert throughput_ci(times, 8).ci95_pct < 0.01
+
+
+def test_costly_events_on_a_short_step_are_sampled(stream):
+    stream.record_cost_s = 0.0005  # events take most of the step: the longest interval
+    timer = StepTimer(None, cuda=True, warmup_steps=0)
+    _train(timer, stream, steps.CALIBRATION_STEPS + 40)
+    every = timer.gpu_timing_every_n_steps
+    assert every == steps.MAX_GPU_EVERY
+    calibrated = timer.rows[: steps.CALIBRATION_STEPS]
+    assert all(r["compute_s"] is not None for r in calibrated)
+    later = timer.rows[steps.CALIBRATION_STEPS :]
+    assert sum(r["compute_s"] is not None for r in later) <= 40 // every + 1
+
+
+def test_cheap_events_on_a_long_step_time_every_step(stream):
+    timer = StepTimer(None, cuda=True, warmup_steps=0)
+    _train(timer, stream, steps.CALIBRATION_STEPS + 10, host_step_s=0.03)
+    assert timer.gpu_timing_every_n_steps == 1
+    assert all(r["compute_s"] is not None for r in timer.rows)
+
+
+def test_no_gpu_sampling_off_cuda():
+    timer = StepTimer(None, cuda=False, warmup_steps=0)
+    assert timer.gpu_timing_every_n_steps is None
+    with pytest.raises(ValueError, match="gpu_every"):
+        StepTimer(None, cuda=True, warmup_steps=0, gpu_every=0)
