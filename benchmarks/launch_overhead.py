@@ -48,7 +48,10 @@ CASES = {
     "r18_b64": dict(workload="resnet18", batch_size=64),
     "r50_b256": dict(workload="resnet50", batch_size=256),
 }
-WARMUP_STEPS = 30
+MIN_WARMUP_STEPS = 30
+# Warm-up long enough for the GPU's clocks to leave idle between trials (they fall while the
+# next model is built), the same for every arm.
+WARMUP_S = 1.0
 DEVICE = torch.device("cuda:0") if torch.cuda.is_available() else torch.device("cpu")
 
 
@@ -86,7 +89,7 @@ def sync():
 
 def run_plain(case: dict, steps: int) -> dict:
     model, opt, pool = plain_parts(case["workload"], case["batch_size"])
-    for i in range(WARMUP_STEPS):
+    for i in range(case["warmup_steps"]):
         plain_step(model, opt, *pool[i % len(pool)])
     sync()
     t0 = time.perf_counter()
@@ -102,7 +105,8 @@ def run_tracker(case: dict, steps: int, runs_root: Path) -> dict:
 
     os.environ["GPULENS_HOME"] = str(runs_root)
     model, opt, pool = plain_parts(case["workload"], case["batch_size"])
-    total = WARMUP_STEPS + steps
+    warmup = case["warmup_steps"]
+    total = warmup + steps
 
     def batches():
         for i in range(total):
@@ -111,7 +115,7 @@ def run_tracker(case: dict, steps: int, runs_root: Path) -> dict:
     t0 = None
     with gpulens.track(name="overhead-tracker", store=False) as tracker:
         for i, (x, y) in enumerate(tracker.data(batches())):
-            if i == WARMUP_STEPS:
+            if i == warmup:
                 sync()
                 t0 = time.perf_counter()
             plain_step(model, opt, x, y)
@@ -195,7 +199,7 @@ def run_gpulens(case: dict, steps: int, runs_root: Path, arm: str = "gpulens") -
         case["workload"],
         batch_size=case["batch_size"],
         steps=steps,
-        warmup_steps=WARMUP_STEPS,
+        warmup_steps=case["warmup_steps"],
         precision="bf16",
         data="synthetic",
         device=str(DEVICE),
@@ -234,11 +238,12 @@ def interval95(xs: list[float]) -> list[float] | None:
     return [round(m - h, 4), round(m + h, 4)]
 
 
-def calibrate_steps(case: dict, trial_s: float) -> int:
-    """Steps for a trial of about ``trial_s`` seconds of the plain loop."""
-    probe = run_plain(case, 100)
-    step_s = 100 / (probe["samples_per_s"] / case["batch_size"]) / 100
-    return max(50, int(trial_s / step_s))
+def calibrate_steps(case: dict, trial_s: float) -> tuple[int, int]:
+    """(measured steps, warm-up steps) for a trial of about ``trial_s`` seconds of the plain
+    loop after ``WARMUP_S`` seconds of warm-up."""
+    probe = run_plain({**case, "warmup_steps": MIN_WARMUP_STEPS}, 100)
+    step_s = case["batch_size"] / probe["samples_per_s"]
+    return max(50, int(trial_s / step_s)), max(MIN_WARMUP_STEPS, int(WARMUP_S / step_s))
 
 
 def main() -> int:
@@ -263,20 +268,20 @@ def main() -> int:
         "gpu": gpu,
         "torch": torch.__version__,
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "warmup_steps": WARMUP_STEPS,
+        "warmup_s": WARMUP_S,
         "pairs": args.pairs,
         "cases": {},
     }
     tmp = Path(tempfile.mkdtemp(prefix="gpulens-overhead-"))
     for name in cases:
-        case = CASES[name]
-        steps = calibrate_steps(case, args.trial_s)
+        steps, warmup = calibrate_steps(CASES[name], args.trial_s)
+        case = {**CASES[name], "warmup_steps": warmup}
         arms = ["gpulens"] + ([] if args.no_tracker else ["tracker"])
         if name in ablation_cases:
             arms += [v for v in args.variants.split(",") if v]
         trials: dict[str, list[dict]] = {a: [] for a in arms}
         plain: dict[str, list[dict]] = {a: [] for a in arms}  # each arm's adjacent plain trials
-        print(f"{name}: {steps} steps per trial, arms {arms}", flush=True)
+        print(f"{name}: {steps} steps per trial after {warmup}, arms {arms}", flush=True)
         for pair in range(args.pairs):
             for arm in arms:
                 for which in ("plain", arm) if pair % 2 == 0 else (arm, "plain"):

@@ -29,7 +29,7 @@ from gpulens.record.writer import SeriesWriter
 __all__ = ["CALIBRATION_STEPS", "GPU_TIMING_BUDGET", "STEPS_SCHEMA", "StepTimer"]
 
 CALIBRATION_STEPS = 20  # steps all timed on the GPU before the sampling interval is chosen
-GPU_TIMING_BUDGET = 0.004  # at most this share of a step goes to CUDA events
+GPU_TIMING_BUDGET = 0.002  # at most this share of a step goes to CUDA events
 MAX_GPU_EVERY = 64
 
 
