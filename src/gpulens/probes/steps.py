@@ -7,8 +7,9 @@ the host queuing work and the GPU running it.
 Events cost host time on the training thread (about 100 us a step on an H100 host: three event
 records, a query and three read-backs), which is over 1% of a launch-bound step of a few
 milliseconds. So by default (``gpu_every=None``) the first :data:`CALIBRATION_STEPS` steps are all
-timed on the GPU, and from then on one step in ``gpu_every``, chosen so that the events cost at
-most :data:`GPU_TIMING_BUDGET` of a step: every step of a long step, a sample of a short one. The
+timed on the GPU, and from then on one step in ``gpu_every``: every step when steps last
+:data:`LONG_STEP_S` or more, else one in as many as keeps the events' cost (as measured on the
+calibration steps) under :data:`GPU_TIMING_BUDGET` of a step. The
 host times (data wait, step time) are taken on every step; the GPU times (``h2d_s``,
 ``compute_s``, ``gpu_step_time_s``) are None on the steps not sampled, and the summary says how
 they were sampled (``gpu_timing_every_n_steps``).
@@ -29,6 +30,9 @@ from gpulens.record.writer import SeriesWriter
 __all__ = ["CALIBRATION_STEPS", "GPU_TIMING_BUDGET", "STEPS_SCHEMA", "StepTimer"]
 
 CALIBRATION_STEPS = 20  # steps all timed on the GPU before the sampling interval is chosen
+# Steps this long are all timed: events cost under 0.5% of them even on a slow host, and a
+# loader-bound run's interval needs every step's GPU time (its waits come in bursts).
+LONG_STEP_S = 0.03
 GPU_TIMING_BUDGET = 0.002  # at most this share of a step goes to CUDA events
 MAX_GPU_EVERY = 64
 
@@ -115,7 +119,9 @@ class StepTimer:
         later = self._calibration[CALIBRATION_STEPS // 2 :]
         step_s = statistics.median(t for t, _ in later)
         cost_s = statistics.median(c for _, c in later)
-        if step_s > 0:
+        if step_s >= LONG_STEP_S:
+            self._every = 1
+        elif step_s > 0:
             self._every = min(
                 MAX_GPU_EVERY, max(1, math.ceil(cost_s / (GPU_TIMING_BUDGET * step_s)))
             )

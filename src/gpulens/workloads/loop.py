@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 # progress(step, total_steps or None, elapsed_s, info)
 ProgressFn = Callable[[int, int | None, float, dict[str, Any]], None]
 MIN_GPU_TIMED_STEPS = 10  # GPU step times enough for the throughput interval
+MANY_STEPS = 200  # host step times' edge effects are negligible over this many steps
 PROGRESS_EVERY_S = 0.1  # the progress callback at most this often (and on the last step)
 
 
@@ -174,8 +175,15 @@ def ci_step_times(rows: list[dict[str, Any]]) -> list[float]:
     asynchronous GPU, so its first steps look fast and the step before a synchronize slow:
     edge effects that widen a short run's interval tenfold though the GPU's pace is steady."""
     gpu = [t for r in rows if (t := r.get("gpu_step_time_s")) is not None and t > 0]
-    # The last row never has a GPU time (no next step start); on a short step only a sample of
-    # the steps is timed on the GPU (StepTimer.gpu_every), which is enough for the interval.
-    if len(gpu) >= max(2, min(MIN_GPU_TIMED_STEPS, len(rows) - 1 - 8)):
+    host = [r["step_time_s"] for r in rows if r["step_time_s"] is not None]
+    # Rows resolve in order, and the last one never has a GPU time (no next step start).
+    if len(gpu) >= max(2, len(rows) - 1 - 8):
         return gpu
-    return [r["step_time_s"] for r in rows if r["step_time_s"] is not None]
+    # Short steps are timed on the GPU one in StepTimer.gpu_every: over many steps the host's
+    # edge effects fade and its times cover every step; over few, the GPU's sample is better.
+    # GPU times only early on mean they lag behind (read back later), not that they are sampled.
+    recent = rows[-max(1, len(rows) // 4) :]
+    sampled = any(r.get("gpu_step_time_s") is not None for r in recent)
+    if not sampled or len(host) >= MANY_STEPS or len(gpu) < MIN_GPU_TIMED_STEPS:
+        return host
+    return gpu
