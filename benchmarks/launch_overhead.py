@@ -20,7 +20,12 @@ batch / measured wall time (synchronised at both ends) for every arm, so the arm
 The ratio arm / plain is taken per pair (each arm against its own adjacent plain trial); the
 table gives the median and a 95% t-interval of the ratios.
 
+With ``--blocks N`` each case also runs N pairs of short blocks (``--block-s``) on one model,
+plain and instrumented alternating: the precise figure for the per-step cost, which whole
+trials on a shared host (+-10% from trial to trial) cannot resolve to 1%.
+
     python benchmarks/launch_overhead.py --out results.json [--pairs 5] [--trial-s 3]
+        [--blocks 30 --block-s 0.5]
         [--cases r18_b1,r18_b8,r18_b64,r50_b256] [--ablations r18_b1,r18_b8]
 """
 
@@ -227,6 +232,80 @@ def run_gpulens(case: dict, steps: int, runs_root: Path, arm: str = "gpulens") -
     }
 
 
+# ------------------------------------------------------------------------------ short blocks
+def run_blocks(
+    case: dict, pairs: int, block_s: float, runs_root: Path, gpu_every: int | None = None
+) -> dict:
+    """One model; short blocks alternate plain / instrumented (ABBA), so host drift, which
+    moves whole trials by +-10% on a shared host, cancels within a pair. Instrumented = what
+    ``gpulens run`` adds per step: the sampler process (GPU and host probes at 10 Hz, started
+    and stopped outside the timed block), the step timer writing its series, the loop's checks.
+    One step timer serves all instrumented blocks, so it is calibrated once, as in a run."""
+    from gpulens.probes.monitor import Monitor, ProbeSpec
+    from gpulens.probes.steps import StepTimer
+    from gpulens.record.schema import STEPS_SCHEMA
+    from gpulens.record.writer import RunWriter
+
+    model, opt, pool = plain_parts(case["workload"], case["batch_size"])
+    batch = case["batch_size"]
+    for i in range(case["warmup_steps"]):
+        plain_step(model, opt, *pool[i % len(pool)])
+    sync()
+    t0 = time.perf_counter()
+    for i in range(50):
+        plain_step(model, opt, *pool[i % len(pool)])
+    sync()
+    steps = max(20, int(block_s / ((time.perf_counter() - t0) / 50)))
+    writer = RunWriter(runs_root, kind="overhead", name="blocks")
+    timer = StepTimer(
+        writer.series("steps", STEPS_SCHEMA), cuda=DEVICE.type == "cuda", warmup_steps=0
+    )
+    probes = [ProbeSpec("host", {"root_pid": os.getpid()})]
+    if DEVICE.type == "cuda":
+        probes.insert(0, ProbeSpec("gpu", {"indices": [DEVICE.index or 0]}))
+
+    def block(instrumented: bool) -> float:
+        monitor = Monitor(writer, probes, hz=10.0).start() if instrumented else None
+        sync()
+        start = time.perf_counter()
+        for i in range(steps):
+            if instrumented:
+                timer.begin_step()
+                x, y = pool[i % len(pool)]
+                timer.batch_ready()
+                timer.copy_done()
+                plain_step(model, opt, x, y)
+                timer.end_step(samples=batch)
+            else:
+                plain_step(model, opt, *pool[i % len(pool)])
+        sync()
+        rate = steps * batch / (time.perf_counter() - start)
+        if monitor is not None:
+            monitor.stop()
+        return rate
+
+    ratios, plain_rates, inst_rates = [], [], []
+    for pair in range(pairs):
+        order = (False, True) if pair % 2 == 0 else (True, False)
+        got = {flag: block(flag) for flag in order}
+        plain_rates.append(got[False])
+        inst_rates.append(got[True])
+        ratios.append(got[True] / got[False])
+    timer.finish()
+    writer.finish()
+    return {
+        "steps_per_block": steps,
+        "plain_samples_per_s": [round(r, 2) for r in plain_rates],
+        "instrumented_samples_per_s": [round(r, 2) for r in inst_rates],
+        "ratio_to_plain": [round(r, 4) for r in ratios],
+        "ratio_median": round(statistics.median(ratios), 4),
+        "ratio_mean": round(statistics.fmean(ratios), 4),
+        "ratio_ci95": interval95(ratios),
+        "tracking_us_per_step": timer.tracking_us_per_step(),
+        "gpu_timing_every_n_steps": timer.gpu_timing_every_n_steps,
+    }
+
+
 # ------------------------------------------------------------------------------ statistics
 def interval95(xs: list[float]) -> list[float] | None:
     from gpulens.stats import t95
@@ -256,6 +335,13 @@ def main() -> int:
     ap.add_argument("--pairs", type=int, default=5)
     ap.add_argument("--trial-s", type=float, default=3.0)
     ap.add_argument("--no-tracker", action="store_true")
+    ap.add_argument(
+        "--blocks",
+        type=int,
+        default=0,
+        help="also this many pairs of short plain/instrumented blocks on one model per case",
+    )
+    ap.add_argument("--block-s", type=float, default=0.5)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     os.environ.setdefault("GPULENS_STORE", "0")
@@ -313,6 +399,14 @@ def main() -> int:
                     t.get("gpu_timing_every_n_steps") for t in trials[arm]
                 ],
             }
+        if args.blocks:
+            out["blocks"] = run_blocks(case, args.blocks, args.block_s, tmp / "blocks")
+            if name in ablation_cases and "every_step" in args.variants:
+                out["blocks_every_step"] = run_blocks(
+                    case, args.blocks, args.block_s, tmp / "blocks", gpu_every=1
+                )
+            b = out["blocks"]
+            print(f"  blocks: ratio {b['ratio_median']} {b['ratio_ci95']}", flush=True)
         doc["cases"][name] = out
     Path(args.out).write_text(json.dumps(doc, indent=2))
     print(f"\n{gpu}, {args.pairs} pairs, ratio = arm / plain loop (same pair)")
@@ -333,6 +427,16 @@ def main() -> int:
             print(
                 f"{name:<9} {arm:>12} {rate:10.1f} {a['ratio_median']:6.3f} {ci_s:>16} "
                 f"{us_s:>7} {ev_s:>5}"
+            )
+        for label in ("blocks", "blocks_every_step"):
+            if label not in out:
+                continue
+            b, ci = out[label], out[label]["ratio_ci95"]
+            ci_s = f"[{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "-"
+            rate = statistics.median(b["instrumented_samples_per_s"])
+            print(
+                f"{name:<9} {label[:12]:>12} {rate:10.1f} {b['ratio_median']:6.3f} {ci_s:>16} "
+                f"{b['tracking_us_per_step'] or 0:7.0f} {b['gpu_timing_every_n_steps'] or '-':>5}"
             )
     return 0
 
