@@ -257,9 +257,8 @@ def run_blocks(
     sync()
     steps = max(20, int(block_s / ((time.perf_counter() - t0) / 50)))
     writer = RunWriter(runs_root, kind="overhead", name="blocks")
-    timer = StepTimer(
-        writer.series("steps", STEPS_SCHEMA), cuda=DEVICE.type == "cuda", warmup_steps=0
-    )
+    series = writer.series("steps", STEPS_SCHEMA)
+    timer = StepTimer(series, cuda=DEVICE.type == "cuda", warmup_steps=0, gpu_every=gpu_every)
     probes = [ProbeSpec("host", {"root_pid": os.getpid()})]
     if DEVICE.type == "cuda":
         probes.insert(0, ProbeSpec("gpu", {"indices": [DEVICE.index or 0]}))
