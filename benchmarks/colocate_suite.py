@@ -33,10 +33,10 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-from gpulens.experiments.colocate import ColocateConfig, probe_device, run_colocate
-from gpulens.experiments.colocate_plan import plan
+from gpulens.colocate import ColocateConfig, probe_device, run_colocate
+from gpulens.colocate.plan import plan
 from gpulens.paths import runs_dir
-from gpulens.workloads.colocate_job import parse_job, unique_names
+from gpulens.workloads.jobspec import parse_job, unique_names
 
 PER_RUN_OVERHEAD_S = 7.0  # process start, torch import, CUDA context, model build
 

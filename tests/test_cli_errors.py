@@ -216,7 +216,7 @@ def test_run_names_are_never_markup(capsys, gpulens_home, monkeypatch):
 
 
 def test_colocate_logs_its_record_to_the_store(capsys, gpulens_home, monkeypatch):
-    import gpulens.experiments.colocate as colocate
+    import gpulens.colocate.experiment as colocate
 
     doc = {"run_id": "20240301-000003-cccccc", "jobs": [], "results": [], "recommendation": "x"}
     monkeypatch.setattr(colocate, "run_colocate", lambda *_a, **_kw: dict(doc))

@@ -9,7 +9,7 @@ import pytest
 import typer
 
 import gpulens.cli.run as cli_run
-import gpulens.experiments.colocate as colocate_runner
+import gpulens.colocate.experiment as colocate_runner
 import gpulens.stalls as stalls_runner
 from gpulens.cli import app, main
 from gpulens.cli.common import resolve_target

@@ -9,8 +9,7 @@ import random
 import pytest
 
 from gpulens.cli import main
-from gpulens.errors import UsageError
-from gpulens.experiments.colocate import (
+from gpulens.colocate import (
     CONTEXT_BYTES,
     ColocateConfig,
     jain_index,
@@ -20,14 +19,15 @@ from gpulens.experiments.colocate import (
     slowdown,
     summarize_result,
 )
-from gpulens.experiments.colocate_plan import (
+from gpulens.colocate.plan import (
     best_options,
     exhaustive_plan,
     greedy_plan,
     options_from_docs,
     plan,
 )
-from gpulens.workloads.colocate_job import JobSpec, parse_job, percentile, unique_names
+from gpulens.errors import UsageError
+from gpulens.workloads.jobspec import JobSpec, parse_job, percentile, unique_names
 
 CONTRACT_TOP = {"gpu", "jobs", "results", "recommendation"}
 CONTRACT_RESULT = {
@@ -362,7 +362,7 @@ def test_a_cmd_job_that_cannot_start_is_a_usage_error_before_anything_runs(capsy
 def test_a_failing_cmd_job_fails_its_runs_and_the_experiment(tmp_path):
     import sys
 
-    from gpulens.experiments.colocate import run_colocate
+    from gpulens.colocate import run_colocate
     from gpulens.record.reader import read_record
 
     bad = (
@@ -389,7 +389,7 @@ def test_a_failing_cmd_job_fails_its_runs_and_the_experiment(tmp_path):
 
 def test_colocate_record_exists_before_the_slow_start_up(tmp_path, monkeypatch):
     """Killed while importing torch or starting NVML: a record marked killed is left."""
-    from gpulens.experiments.colocate import run_colocate
+    from gpulens.colocate import run_colocate
     from gpulens.probes import environment
     from gpulens.record.reader import list_records
 

@@ -159,8 +159,8 @@ def test_kill9_of_colocate_ends_its_jobs_and_the_next_command_removes_its_work_d
         f"""
         import sys
         from pathlib import Path
-        from gpulens.experiments.colocate import ColocateConfig, run_colocate
-        from gpulens.workloads.colocate_job import parse_job
+        from gpulens.colocate import ColocateConfig, run_colocate
+        from gpulens.workloads.jobspec import parse_job
         jobs = [parse_job(f"cmd:{{sys.executable}} {str(script)!r}"),
                 parse_job("cmd:true")]
         config = ColocateConfig(jobs=jobs, mechanisms=("time-slice",), device="cpu",

@@ -374,7 +374,8 @@ def test_collocated_training_uses_the_optimizer_of_gpulens_run():
     """The colocate worker and `gpulens run` had drifted (ViT: SGD vs AdamW)."""
     import torch
 
-    from gpulens.workloads.colocate_job import _Job, parse_job
+    from gpulens.workloads.colocate_job import _Job
+    from gpulens.workloads.jobspec import parse_job
     from gpulens.workloads.models import get_workload
     from gpulens.workloads.recipe import optimizer_for
 

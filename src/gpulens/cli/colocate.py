@@ -83,9 +83,9 @@ def colocate(
     store: bool = typer.Option(True, "--store/--no-store", help="Log the run to MLflow."),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
-    from gpulens.experiments.colocate import ColocateConfig, run_colocate
-    from gpulens.experiments.colocate_plan import load_docs, plan
-    from gpulens.workloads.colocate_job import parse_job, unique_names
+    from gpulens.colocate import ColocateConfig, run_colocate
+    from gpulens.colocate.plan import load_docs, plan
+    from gpulens.workloads.jobspec import parse_job, unique_names
 
     specs = unique_names([parse_job(j) for j in jobs or []])
     if plan_mode:

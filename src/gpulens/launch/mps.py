@@ -145,7 +145,7 @@ def mps_available(control_bin: str = CONTROL_BIN) -> str | None:
     return None
 
 
-def _parse_mem_limit(limit: str) -> str:
+def parse_mem_limit(limit: str) -> str:
     """Validate ``8G``/``512M`` (the unit MPS accepts); returned unchanged."""
     text = limit.strip().upper()
     if not text or text[-1] not in "GM" or not text[:-1].isdigit() or int(text[:-1]) <= 0:
@@ -199,7 +199,7 @@ class PrivateMps:
                 raise UsageError(f"MPS thread percentage must be in (0, 100], got {thread_pct}")
             env[THREAD_PCT_ENV] = f"{thread_pct:g}"
         if mem_limit:
-            env[MEM_LIMIT_ENV] = f"0={_parse_mem_limit(mem_limit)}"
+            env[MEM_LIMIT_ENV] = f"0={parse_mem_limit(mem_limit)}"
         return env
 
     # --- lifecycle ---------------------------------------------------------------------------

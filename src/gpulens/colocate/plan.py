@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from gpulens.errors import UsageError
-from gpulens.workloads.colocate_job import JobSpec
+from gpulens.workloads.jobspec import JobSpec
 
 MAX_PLAN_JOBS = 12
 

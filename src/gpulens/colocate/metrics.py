@@ -1,0 +1,93 @@
+"""Collocation figures, pure: slowdown (alone / together), normalized aggregate throughput,
+Jain's fairness index, energy per sample, and whether the jobs fit in GPU memory together."""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+# A CUDA context (and the libraries torch loads into it) costs memory beyond what the caching
+# allocator reserves; about 0.5 GiB on an H100 with torch 2.x. Counted once per process.
+CONTEXT_BYTES = 600 * 2**20
+
+
+MEM_USABLE_FRACTION = 0.97
+
+
+# ------------------------------------------------------------------------------ arithmetic
+def slowdown(alone: float | None, together: float | None) -> float | None:
+    """alone / together: 1.0 unaffected, 2.0 half speed; None when either is missing."""
+    if not alone or together is None:
+        return None
+    if together <= 0:
+        return float("inf")
+    return alone / together
+
+
+def normalized_throughputs(pairs: list[tuple[float | None, float | None]]) -> list[float] | None:
+    """together/alone per job; None if any is missing."""
+    out = []
+    for alone, together in pairs:
+        if not alone or together is None:
+            return None
+        out.append(together / alone)
+    return out
+
+
+def jain_index(xs: list[float]) -> float | None:
+    """Jain's fairness index (sum x)^2 / (n sum x^2): 1.0 all equal, 1/n one job gets all."""
+    if not xs:
+        return None
+    sq = sum(x * x for x in xs)
+    if sq == 0:
+        return None
+    return sum(xs) ** 2 / (len(xs) * sq)
+
+
+def energy_per_sample(energy_j: float | None, samples: float | None) -> float | None:
+    if energy_j is None or not samples:
+        return None
+    return energy_j / samples
+
+
+def memory_fit(
+    peaks_bytes: list[int | None],
+    total_bytes: int | None,
+    processes: int,
+    context_bytes: int = CONTEXT_BYTES,
+) -> tuple[bool | None, int | None, str | None]:
+    """(fits, bytes needed, why not) from alone-run peaks. ``None`` fits = cannot tell."""
+    if total_bytes is None or any(p is None for p in peaks_bytes):
+        return None, None, None
+    needed = int(sum(p for p in peaks_bytes if p is not None) + processes * context_bytes)
+    usable = int(total_bytes * MEM_USABLE_FRACTION)
+    if needed > usable:
+        return (
+            False,
+            needed,
+            (
+                f"does not fit: needs about {needed / 2**30:.1f} GiB (alone-run peaks plus "
+                f"{processes} CUDA context(s)) of {total_bytes / 2**30:.1f} GiB"
+            ),
+        )
+    return True, needed, None
+
+
+def summarize_result(result: dict[str, Any]) -> dict[str, Any]:
+    """Fill a result's overall numbers from its jobs (used for measured and loaded results)."""
+    jobs = result["jobs"]
+    ratios = normalized_throughputs([(j["throughput_alone"], j["throughput_together"])
+                                     for j in jobs])  # fmt: skip
+    result["normalized_aggregate_throughput"] = sum(ratios) if ratios is not None else None
+    result["jain_fairness"] = jain_index(ratios) if ratios is not None else None
+    return result
+
+
+def quadrature(*pcts: float | None) -> float | None:
+    if any(p is None for p in pcts):
+        return None
+    return math.sqrt(sum(p * p for p in pcts))

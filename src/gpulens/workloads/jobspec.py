@@ -1,0 +1,176 @@
+"""Job specifications for ``gpulens colocate`` (no torch): what each job runs, and the
+processes that run them.
+
+Job syntax (parsed by :func:`parse_job`):
+
+- ``resnet18`` or ``resnet18:batch=64,precision=bf16`` or ``train:resnet18:batch=64``: training
+- ``infer:resnet50:batch=1,rate=200``: inference, ``rate`` requests/s at constant arrivals
+  (latency counts from the scheduled arrival), closed loop without ``rate``
+- ``cmd:python train.py --epochs 1``: any command; its throughput is runs per second (1/wall)
+- every built-in job takes ``name=...``; a name must be unique within one experiment
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from gpulens.errors import UsageError
+
+KINDS = ("train", "infer", "cmd")
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One job of a collocation experiment. ``key`` identifies what runs (without the name)."""
+
+    kind: str
+    workload: str | None = None
+    batch_size: int | None = None
+    precision: str = "fp32"
+    rate_per_s: float | None = None
+    command: tuple[str, ...] = ()
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise UsageError(f"unknown job kind {self.kind!r}: use train, infer or cmd")
+        if self.kind == "cmd":
+            if not self.command:
+                raise UsageError("a cmd: job needs a command, e.g. 'cmd:python train.py'")
+            return
+        from gpulens.workloads.models import get_workload
+
+        spec = get_workload(self.workload or "")
+        if self.batch_size is not None and self.batch_size <= 0:
+            raise UsageError(f"job {self.workload}: batch must be a positive integer")
+        if self.precision not in PRECISIONS:
+            raise UsageError(
+                f"job {self.workload}: unknown precision {self.precision!r}; "
+                f"use one of {', '.join(PRECISIONS)}"
+            )
+        if self.rate_per_s is not None and (self.kind != "infer" or self.rate_per_s <= 0):
+            raise UsageError("rate= is for infer: jobs and must be positive requests per second")
+        if self.batch_size is None:
+            default = 1 if self.kind == "infer" else spec.default_batch_size
+            object.__setattr__(self, "batch_size", default)
+        if not self.name:
+            object.__setattr__(self, "name", self.workload if self.kind == "train" else
+                               f"{self.kind}-{self.workload}")  # fmt: skip
+
+    @property
+    def builtin(self) -> bool:
+        return self.kind != "cmd"
+
+    @property
+    def key(self) -> str:
+        """Canonical description without the name: equal keys run the same thing."""
+        if self.kind == "cmd":
+            return "cmd:" + shlex.join(self.command)
+        opts = f"batch={self.batch_size},precision={self.precision}"
+        if self.rate_per_s is not None:
+            opts += f",rate={self.rate_per_s:g}"
+        return f"{self.kind}:{self.workload}:{opts}"
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["command"] = list(self.command)
+        d["key"] = self.key
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> JobSpec:
+        return cls(
+            kind=d["kind"], workload=d.get("workload"), batch_size=d.get("batch_size"),
+            precision=d.get("precision", "fp32"), rate_per_s=d.get("rate_per_s"),
+            command=tuple(d.get("command") or ()), name=d.get("name") or "",
+        )  # fmt: skip
+
+
+_OPTION_NAMES = {"batch", "precision", "rate", "name"}
+
+
+def parse_job(text: str) -> JobSpec:
+    """``[train:|infer:]WORKLOAD[:k=v,...]`` or ``cmd:COMMAND``; see the module docstring."""
+    text = text.strip()
+    if not text:
+        raise UsageError("an empty job: give e.g. resnet18:batch=64 or infer:resnet50")
+    if text.startswith("cmd:"):
+        argv = shlex.split(text[4:])
+        name = Path(argv[0]).name if argv else ""
+        return JobSpec("cmd", command=tuple(argv), name=name)
+    parts = text.split(":")
+    kind = "train"
+    if parts[0] in ("train", "infer"):
+        kind, parts = parts[0], parts[1:]
+    if not parts or len(parts) > 2 or not parts[0]:
+        raise UsageError(
+            f"cannot read job {text!r}: use WORKLOAD[:batch=N,precision=bf16], "
+            "infer:WORKLOAD[:batch=1,rate=R] or cmd:COMMAND"
+        )
+    opts: dict[str, str] = {}
+    if len(parts) == 2 and parts[1]:
+        for item in parts[1].split(","):
+            k, sep, v = item.partition("=")
+            if not sep or k not in _OPTION_NAMES or not v:
+                raise UsageError(
+                    f"job {text!r}: bad option {item!r}; options are "
+                    f"{', '.join(sorted(_OPTION_NAMES))} as key=value"
+                )
+            opts[k] = v
+    try:
+        batch = int(opts["batch"]) if "batch" in opts else None
+        rate = float(opts["rate"]) if "rate" in opts else None
+    except ValueError:
+        raise UsageError(f"job {text!r}: batch must be an integer and rate a number") from None
+    return JobSpec(
+        kind, parts[0], batch_size=batch, precision=opts.get("precision", "fp32"),
+        rate_per_s=rate, name=opts.get("name", ""),
+    )  # fmt: skip
+
+
+def unique_names(jobs: list[JobSpec]) -> list[JobSpec]:
+    """Give repeated names a suffix: resnet18, resnet18 -> resnet18#1, resnet18#2."""
+    counts: dict[str, int] = {}
+    for j in jobs:
+        counts[j.name] = counts.get(j.name, 0) + 1
+    seen: dict[str, int] = {}
+    out = []
+    for j in jobs:
+        if counts[j.name] > 1:
+            seen[j.name] = seen.get(j.name, 0) + 1
+            j = replace(j, name=f"{j.name}#{seen[j.name]}")
+        out.append(j)
+    return out
+
+
+# ------------------------------------------------------------------------------ process side
+@dataclass
+class ProcessSpec:
+    """What one job process runs (written as JSON by the parent)."""
+
+    jobs: list[dict[str, Any]]
+    device: str
+    duration_s: float
+    warmup_s: float
+    ready_file: str
+    go_file: str
+    result_file: str
+    stream_priorities: list[int | None] = field(default_factory=list)
+    cpu_threads: int | None = None
+    seed: int = 0
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Linear-interpolated percentile (numpy's default) of a non-empty list; None if empty."""
+    if not values:
+        return None
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
