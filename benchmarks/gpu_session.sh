@@ -17,6 +17,6 @@ step resnet50; gl run resnet50 --precision bf16 --data /tmp/img --workers 15 --s
                   --no-store --json > "$OUT/resnet50_bf16_jpeg.json"; echo "rc=$?"
 step command;  gl run --no-store --json -- python3 examples/train_tracked.py > "$OUT/command_tracked.json"; echo "rc=$?"
 step records;  tar czf "$OUT/records.tgz" -C "$GPULENS_HOME" runs
-step overhead; python3 benchmarks/overhead.py --mode interleaved --rounds 8 \
-                  --out "$OUT/overhead.json"; echo "rc=$?"
+step overhead; python3 benchmarks/launch_overhead.py --cases r18_b8,r50_b256 --ablations "" \
+                  --pairs 5 --out "$OUT/launch_overhead.json"; echo "rc=$?"
 step done
