@@ -44,6 +44,7 @@ from gpulens.launch.processes import (
     remove_work_dir,
 )
 from gpulens.probes.window import GpuWindow
+from gpulens.run.lifecycle import measured_run
 from gpulens.run.result import role_name
 from gpulens.workloads.jobspec import JobSpec
 
@@ -431,43 +432,38 @@ def run_colocate(
 ) -> dict[str, Any]:
     """Run the experiment; with ``runs_root`` it is stored as a run record of kind
     ``colocate`` (the summary holds the result document, which ``--plan`` reads back)."""
-    writer = None
-    if runs_root is not None:
-        from gpulens.record.writer import RunWriter
-
-        # The record first (status running, the requested config); the environment, which
-        # imports torch and initialises NVML, after it.
-        writer = RunWriter(
-            runs_root, kind="colocate",
-            name=config.name or "colocate-" + "+".join(j.name for j in config.jobs),
-            requested_config=config.as_dict(), role=role_name("colocate", "experiment"),
-        )  # fmt: skip
-    work = None
-    try:
-        if writer:
-            from gpulens.probes.environment import capture_environment
-            from gpulens.probes.nvml.inventory import describe_gpus
-
-            writer.update(environment=capture_environment(describe_gpus()))
-        work = make_work_dir("gpulens-colocate-")
-        doc = ColocateExperiment(config, work, progress, alone_cache, device_info).run()
-    except KeyboardInterrupt:
-        if writer:
-            writer.finish("killed", error="interrupted (Ctrl-C)")
-        raise
-    except BaseException as exc:
-        if writer:
-            writer.finish("failed", error=str(exc) or type(exc).__name__)
-        raise
-    finally:
-        if work is not None:
-            remove_work_dir(work)
-    if writer:
-        doc["run_id"] = writer.run_id
-        doc["record_dir"] = str(writer.dir)
-        writer.update(effective_config=config.as_dict(), summary={"colocate": _strip(doc)})
-        writer.finish(doc["status"], error=doc.get("error"))
+    if runs_root is None:
+        return _run_in(config, progress, alone_cache, device_info)
+    # The record first (status running, the requested config); the environment, which imports
+    # torch and initialises NVML, after it; every exit path ends it (measured_run).
+    with measured_run(
+        runs_root,
+        kind="colocate",
+        name=config.name or "colocate-" + "+".join(j.name for j in config.jobs),
+        requested_config=config.as_dict(),
+        role=role_name("colocate", "experiment"),
+    ) as run:
+        doc = _run_in(config, progress, alone_cache, device_info)
+        doc["run_id"] = run.run_id
+        doc["record_dir"] = str(run.dir)
+        run.set_effective(config.as_dict())
+        run.set_summary({"colocate": _strip(doc)})
+        if doc["status"] != "finished":
+            run.end_as(doc["status"], doc.get("error"))
     return doc
+
+
+def _run_in(
+    config: ColocateConfig,
+    progress: ProgressFn | None,
+    alone_cache: dict[str, dict[str, Any]] | None,
+    device_info: DeviceInfo | None,
+) -> dict[str, Any]:
+    work = make_work_dir("gpulens-colocate-")
+    try:
+        return ColocateExperiment(config, work, progress, alone_cache, device_info).run()
+    finally:
+        remove_work_dir(work)
 
 
 def _strip(doc: dict[str, Any]) -> dict[str, Any]:
