@@ -43,6 +43,8 @@ environment variables change what ``data()`` does (the script itself stays the s
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import itertools
 import logging
 import math
@@ -195,20 +197,24 @@ class Tracker:
     def _new_writer(self, name, runs_root: Path, group: str | None = None) -> Path:
         import sys
 
-        from gpulens.probes.environment import capture_environment
-        from gpulens.probes.nvml.inventory import describe_gpus
-        from gpulens.record.writer import RunWriter
+        from gpulens.run.lifecycle import measured_run
 
         config: dict[str, Any] = {"argv": sys.argv}
         if group:
             config.update(world_size=self.ranks.world_size, group=group)
-        self._owned_writer = RunWriter(
-            runs_root,
-            kind="script",
-            name=name or Path(sys.argv[0] or "script").stem,
-            requested_config=config,
-            environment=capture_environment(describe_gpus()),
+        stack = contextlib.ExitStack()
+        self._session = stack.enter_context(
+            measured_run(
+                runs_root,
+                kind="script",
+                name=name or Path(sys.argv[0] or "script").stem,
+                requested_config=config,
+            )
         )
+        self._run_stack = stack
+        self._owned_writer = self._session.writer
+        # An unclosed tracker ends its run at exit: finished, or failed with what ended it.
+        atexit.register(lambda: self.close(getattr(sys, "last_value", None)))
         return self._owned_writer.dir
 
     def _start_own_run(self, name, runs_root) -> None:
@@ -472,7 +478,9 @@ class Tracker:
                 summary.update(self._monitor.stop().as_dict())
             writer.update(summary=summary)
         finally:
-            writer.finish(status, error=message)
+            if status != schema.STATUS_FINISHED or message:
+                self._session.end_as(status, message)
+            self._run_stack.close()  # measured_run ends the record with that status
             if self._group is not None:
                 leave_group(*self._group)
         if self._store:
