@@ -147,3 +147,18 @@ def test_no_gpu_sampling_off_cuda():
     assert timer.gpu_timing_every_n_steps is None
     with pytest.raises(ValueError, match="gpu_every"):
         StepTimer(None, cuda=True, warmup_steps=0, gpu_every=0)
+
+
+def test_sampled_rows_reach_the_series_within_a_few_steps(stream, tmp_path):
+    w = RunWriter(tmp_path, kind="train")
+    timer = StepTimer(w.series("steps", STEPS_SCHEMA), cuda=True, warmup_steps=0, gpu_every=64)
+    for _ in range(20):
+        timer.begin_step()
+        timer.batch_ready()
+        stream.now_s += H2D_S
+        timer.copy_done()
+        stream.now_s += COMPUTE_S
+        timer.end_step(samples=8)
+    # step 0 is timed; it is read back a few steps later, and the rows after it follow
+    assert timer.rows[0]["gpu_step_time_s"] == pytest.approx(H2D_S + COMPUTE_S)
+    assert len(w.read_series("steps")) >= 20 - 1 - timer.resolve_every - 1

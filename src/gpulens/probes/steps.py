@@ -183,7 +183,12 @@ class StepTimer:
             row["compute_s"] = t_end - self._t_copied
         self.rows.append(row)
         self._step += 1
-        if len(self._pending) >= self.resolve_every:
+        # Read back in batches of resolve_every timed steps, or once the oldest timed step is
+        # that many steps behind (sampled timing: rows reach the series within a few steps).
+        if self._pending and (
+            len(self._pending) >= self.resolve_every
+            or self._step - self._pending[0].index > self.resolve_every
+        ):
             self._resolve(block=False)
         self._emit_complete()
         spent = time.perf_counter() - t_end
