@@ -234,13 +234,20 @@ def run_gpulens(case: dict, steps: int, runs_root: Path, arm: str = "gpulens") -
 
 # ------------------------------------------------------------------------------ short blocks
 def run_blocks(
-    case: dict, pairs: int, block_s: float, runs_root: Path, gpu_every: int | None = None
+    case: dict,
+    pairs: int,
+    block_s: float,
+    runs_root: Path,
+    gpu_every: int | None = None,
+    sampler_throughout: bool = False,
 ) -> dict:
     """One model; short blocks alternate plain / instrumented (ABBA), so host drift, which
     moves whole trials by +-10% on a shared host, cancels within a pair. Instrumented = what
     ``gpulens run`` adds per step: the sampler process (GPU and host probes at 10 Hz, started
     and stopped outside the timed block), the step timer writing its series, the loop's checks.
-    One step timer serves all instrumented blocks, so it is calibrated once, as in a run."""
+    One step timer serves all instrumented blocks, so it is calibrated once, as in a run.
+    ``sampler_throughout``: the sampler runs across all blocks, plain ones too, so the blocks
+    differ by the step timer alone (its cost, free of the sampler's start-up)."""
     from gpulens.probes.monitor import Monitor, ProbeSpec
     from gpulens.probes.steps import StepTimer
     from gpulens.record.schema import STEPS_SCHEMA
@@ -263,8 +270,11 @@ def run_blocks(
     if DEVICE.type == "cuda":
         probes.insert(0, ProbeSpec("gpu", {"indices": [DEVICE.index or 0]}))
 
+    background = Monitor(writer, probes, hz=10.0).start() if sampler_throughout else None
+
     def block(instrumented: bool) -> float:
-        monitor = Monitor(writer, probes, hz=10.0).start() if instrumented else None
+        start_sampler = instrumented and background is None
+        monitor = Monitor(writer, probes, hz=10.0).start() if start_sampler else None
         sync()
         start = time.perf_counter()
         for i in range(steps):
@@ -291,8 +301,11 @@ def run_blocks(
         inst_rates.append(got[True])
         ratios.append(got[True] / got[False])
     timer.finish()
+    if background is not None:
+        background.stop()
     writer.finish()
     return {
+        "sampler_throughout": sampler_throughout,
         "steps_per_block": steps,
         "plain_samples_per_s": [round(r, 2) for r in plain_rates],
         "instrumented_samples_per_s": [round(r, 2) for r in inst_rates],
@@ -341,6 +354,7 @@ def main() -> int:
         help="also this many pairs of short plain/instrumented blocks on one model per case",
     )
     ap.add_argument("--block-s", type=float, default=0.5)
+    ap.add_argument("--no-whole-runs", action="store_true", help="only the blocks")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     os.environ.setdefault("GPULENS_STORE", "0")
@@ -367,7 +381,7 @@ def main() -> int:
         trials: dict[str, list[dict]] = {a: [] for a in arms}
         plain: dict[str, list[dict]] = {a: [] for a in arms}  # each arm's adjacent plain trials
         print(f"{name}: {steps} steps per trial after {warmup}, arms {arms}", flush=True)
-        for pair in range(args.pairs):
+        for pair in range(0 if args.no_whole_runs else args.pairs):
             for arm in arms:
                 for which in ("plain", arm) if pair % 2 == 0 else (arm, "plain"):
                     if which == "plain":
@@ -381,7 +395,7 @@ def main() -> int:
                 rate, ref = trials[arm][-1]["samples_per_s"], plain[arm][-1]["samples_per_s"]
                 print(f"  pair {pair} {arm:>12}: {rate:9.1f} vs plain {ref:9.1f}", flush=True)
         out = {"steps_per_trial": steps, **case, "precision": "bf16", "arms": {}}
-        for arm in arms:
+        for arm in [a for a in arms if trials[a]]:
             rates = [t["samples_per_s"] for t in trials[arm]]
             refs = [t["samples_per_s"] for t in plain[arm]]
             ratios = [r / p for r, p in zip(rates, refs, strict=True)]
@@ -400,6 +414,9 @@ def main() -> int:
             }
         if args.blocks:
             out["blocks"] = run_blocks(case, args.blocks, args.block_s, tmp / "blocks")
+            out["blocks_timer_only"] = run_blocks(
+                case, args.blocks, args.block_s, tmp / "blocks", sampler_throughout=True
+            )
             if name in ablation_cases and "every_step" in args.variants:
                 out["blocks_every_step"] = run_blocks(
                     case, args.blocks, args.block_s, tmp / "blocks", gpu_every=1
@@ -427,7 +444,7 @@ def main() -> int:
                 f"{name:<9} {arm:>12} {rate:10.1f} {a['ratio_median']:6.3f} {ci_s:>16} "
                 f"{us_s:>7} {ev_s:>5}"
             )
-        for label in ("blocks", "blocks_every_step"):
+        for label in ("blocks", "blocks_timer_only", "blocks_every_step"):
             if label not in out:
                 continue
             b, ci = out[label], out[label]["ratio_ci95"]
