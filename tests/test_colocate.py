@@ -403,3 +403,29 @@ def test_colocate_record_exists_before_the_slow_start_up(tmp_path, monkeypatch):
     (rec,) = list_records(tmp_path / "runs")
     assert rec.status == "killed"
     assert rec.meta["requested_config"]["jobs"][0]["command"] == ["true"]
+
+
+def test_builtin_jobs_on_the_cpu_with_poisson_requests(tmp_path):
+    """A training job beside an inference job fed by Poisson arrivals: both measured alone and
+    together; the inference job's times are latencies from each request's arrival."""
+    from gpulens.colocate import run_colocate
+
+    config = ColocateConfig(
+        jobs=[parse_job("tiny_cnn:batch=4"), parse_job("infer:tiny_cnn:rate=40,arrivals=poisson")],
+        mechanisms=("time-slice",),
+        device="cpu",
+        duration_s=1.0,
+        warmup_s=0,
+    )
+    doc = run_colocate(config, tmp_path / "runs")
+    assert doc["status"] == "finished", doc.get("error")
+    infer = [j for j in doc["jobs"] if j["kind"] == "infer"][0]
+    assert infer["key"].endswith("rate=40,arrivals=poisson")
+    (result,) = doc["results"]
+    assert result["status"] == "ok"
+    train, infer = result["jobs"]
+    assert train["steps"] > 0 and train["throughput_together"] > 0
+    # About 40 requests in the 1 s window (Poisson: 40 +- 3 sigma), each served alone and
+    # together, with latencies from their arrivals.
+    assert 20 <= infer["steps"] <= 60
+    assert 0 < infer["step_time_p50_alone_s"] <= infer["step_time_p99_alone_s"]

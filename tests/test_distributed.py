@@ -62,7 +62,12 @@ def test_two_process_run_agrees_on_steps_and_counts_all_samples(tmp_path):
     )
     record = read_record(r.record_dir)
     assert record.status == "finished"
-    assert record.meta["effective_config"]["transport_effective"] == ["gloo"]
+    eff = record.meta["effective_config"]
+    assert eff["transport_effective"] == ["gloo"]
+    # What rank 0 built reaches the parent's record (it used to stay None in the rank).
+    assert eff["optimizer"] == "SGD"
+    assert eff["dataset"]["kind"] == "synthetic_on_device"
+    assert (eff["backend"], eff["device"], eff["rendezvous_addr"]) == ("gloo", "cpu", "127.0.0.1")
     steps = read_series_table(r.record_dir / "series" / "steps")
     assert steps.num_rows == s["measured_steps"] + s["warmup_steps"]
     assert set(steps.column("samples").to_pylist()) == {16}

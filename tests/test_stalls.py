@@ -443,7 +443,7 @@ def test_stalls_with_two_gpus_and_four_present_passes_the_checks(jpegs, monkeypa
 
     _fake_cuda(monkeypatch, 4)
     eff = preflight(StallsConfig("tiny_cnn", str(jpegs), gpus=2, workers=1))
-    assert eff["device"] == "cuda:0" and eff["workers"] == 1
+    assert eff.device == "cuda:0" and eff.workers == 1
 
 
 @pytest.mark.parametrize(

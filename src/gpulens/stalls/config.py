@@ -6,11 +6,14 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpulens.data.affinity import WORKER_AFFINITIES
 from gpulens.errors import UsageError
 from gpulens.stats import bounded_interval, rate_ci95
+
+if TYPE_CHECKING:
+    from gpulens.workloads.config import EffectiveTrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +145,7 @@ class StallResult:
         }
 
 
-def preflight(config: StallsConfig) -> dict[str, Any]:
+def preflight(config: StallsConfig) -> EffectiveTrainConfig:
     """Check everything the runs need before the first one starts, so that a bad option fails
     in a second, not after minutes of runs: the workload, the device, precision and batch size
     on it, the GPUs for ``gpus`` > 1, the dataset (readable, holds one batch, fits the model)
@@ -199,10 +202,10 @@ def preflight(config: StallsConfig) -> dict[str, Any]:
                     f"{path} is empty (0 bytes): remove it, or pass --skip-bad-samples to put "
                     "the next readable image in its place"
                 )
-    if len(dataset) < eff["batch_size"]:
+    if len(dataset) < eff.batch_size:
         raise UsageError(
             f"dataset {config.data} has {len(dataset)} samples, fewer than one batch of "
-            f"{eff['batch_size']}: make more data or lower --batch-size"
+            f"{eff.batch_size}: make more data or lower --batch-size"
         )
     if config.fetch_design == "paired":
         from gpulens.data.tokens import TokenFileDataset
@@ -212,6 +215,6 @@ def preflight(config: StallsConfig) -> dict[str, Any]:
                 "--fetch-design paired needs an image folder (one file per sample): use "
                 "--fetch-design separate (or auto) for a token file"
             )
-        if eff["workers"] < 1:
+        if eff.workers < 1:
             raise UsageError("--fetch-design paired needs loader workers: give --workers 1 or more")
     return eff

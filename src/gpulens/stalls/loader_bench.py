@@ -8,6 +8,7 @@ its loader.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from gpulens.workloads.config import LOADER_PREFETCH, TrainConfig, resolve_confi
 from gpulens.workloads.devices import resolve_device
 from gpulens.workloads.models import get_workload
 from gpulens.workloads.recipe import build_loader
+from gpulens.workloads.schedule import ScheduledLoop
 
 log = logging.getLogger(__name__)
 
@@ -59,26 +61,21 @@ def measure_loader(
     device = resolve_device(config.device)
     eff = resolve_config(config, spec, device)
     loader = build_loader(spec, eff, device, timing_dir)
-    workers = eff["workers"]
+    workers = eff.workers
     # As in a training run: the queue starts full and would flatter the first batches.
     warmup = 2 * max(workers, 1) * LOADER_PREFETCH
-    times_s: list[float] = []
     batches = iter(loader)
+    fetch = functools.partial(_next_to_device, batches, device)
+    # A closed loop: each batch is asked for as soon as the last one is on the device.
+    loop = ScheduledLoop()
     try:
         for _ in range(warmup):
-            _to_device(next(batches), device)
-        t_start_unix_s = time.time()
-        t_end = time.perf_counter() + duration_s
-        t_prev = time.perf_counter()
-        while t_prev < t_end or len(times_s) < 2:
-            _to_device(next(batches), device)
-            t_now = time.perf_counter()
-            times_s.append(t_now - t_prev)
-            t_prev = t_now
-        t_end_unix_s = time.time()
+            fetch()
+        loop.run(fetch, time.time() + duration_s, min_steps=2)
     finally:
-        del batches  # shuts the worker processes down (their timing rows are flushed)
-    ci = throughput_ci(times_s, eff["batch_size"])
+        del fetch, batches  # shuts the worker processes down (their timing rows are flushed)
+    times_s, t_start_unix_s, t_end_unix_s = loop.step_times_s, loop.start_unix_s, loop.end_unix_s
+    ci = throughput_ci(times_s, eff.batch_size)
     if ci is None:  # cannot happen: the loop times two batches at least
         raise RuntimeError("the loader delivered no batches")
     log.info("loader alone: %.1f samples/s ± %.1f%%", ci.samples_per_s, ci.ci95_pct)
@@ -92,13 +89,13 @@ def measure_loader(
         if busy_s is not None:
             handover_s = max(0.0, workers / ci.samples_per_s - busy_s)
     return LoaderPace(
-        ci.samples_per_s, ci.ci95_pct, len(times_s), workers, eff["batch_size"], busy_s,
+        ci.samples_per_s, ci.ci95_pct, len(times_s), workers, eff.batch_size, busy_s,
         handover_s,
     )  # fmt: skip
 
 
-def _to_device(batch, device: torch.device) -> None:
-    x, y = batch
+def _next_to_device(batches, device: torch.device) -> None:
+    x, y = next(batches)
     x = x.to(device, non_blocking=True)
     y = y.to(device, non_blocking=True)
     if device.type == "cuda":

@@ -26,6 +26,7 @@ from typing import Any
 
 from gpulens.errors import UsageError
 from gpulens.workloads.jobspec import JobSpec, ProcessSpec, percentile
+from gpulens.workloads.schedule import ScheduledLoop
 
 log = logging.getLogger(__name__)
 
@@ -88,12 +89,13 @@ class _Job:
             self.scaler = torch.amp.GradScaler(device.type) if job.precision == "fp16" else None
         else:
             model.eval()
-        self.step_times_s: list[float] = []
+        # Closed loop, or the requests' arrivals: step times are latencies from the arrival.
+        self.loop = ScheduledLoop(job.schedule(seed))
+        self.step_times_s = self.loop.step_times_s
         self.samples = 0
         self.error: str | None = None
         self.error_kind: str | None = None
         self.peak_mem_bytes: int | None = None
-        self.window_s: float | None = None
 
     def _on_stream(self):
         import contextlib
@@ -150,36 +152,11 @@ class _Job:
             ready.set()
 
     def _measure(self, end_unix_s: float) -> None:
-        t0 = time.perf_counter()
-        try:
-            self._measure_loop(end_unix_s)
-        finally:
-            self.window_s = time.perf_counter() - t0
+        self.loop.run(self._counted_step, end_unix_s)
 
-    def _measure_loop(self, end_unix_s: float) -> None:
-        rate = self.job.rate_per_s
-        if rate is None:
-            while time.time() < end_unix_s:
-                t = time.perf_counter()
-                self.step()
-                self.step_times_s.append(time.perf_counter() - t)
-                self.samples += self.samples_per_step
-            return
-        # Open loop: request k arrives at start + k/rate; latency includes the wait in queue.
-        start = time.perf_counter()
-        start_unix = time.time()
-        k = 0
-        while True:
-            arrival = start + k / rate
-            if start_unix + (arrival - start) >= end_unix_s:
-                break
-            now = time.perf_counter()
-            if now < arrival:
-                time.sleep(arrival - now)
-            self.step()
-            self.step_times_s.append(time.perf_counter() - arrival)
-            self.samples += self.samples_per_step
-            k += 1
+    def _counted_step(self) -> None:
+        self.step()
+        self.samples += self.samples_per_step
 
     def _throughput_ci95_pct(self) -> float | None:
         """Batch-means 95% CI of the throughput; None for inference at a fixed request rate,
@@ -193,7 +170,7 @@ class _Job:
 
     def result(self) -> dict[str, Any]:
         times = self.step_times_s
-        window_s = self.window_s
+        window_s = self.loop.window_s if self.loop.start_unix_s is not None else None
         return {
             "name": self.job.name,
             "key": self.job.key,

@@ -1,4 +1,5 @@
-"""What a training run asks for (``TrainConfig``) and what it runs with (``resolve_config``).
+"""What a training run asks for (``TrainConfig``) and what it runs with
+(``EffectiveTrainConfig``, made by ``resolve_config``).
 
 Importable without torch: the requested config is checked here as far as it can be without a
 device; what needs the device (fp16 on a CPU) is checked when the config is resolved against it.
@@ -7,7 +8,8 @@ device; what needs the device (fp16 on a CPU) is checked when the config is reso
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import MISSING, dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -133,7 +135,108 @@ def default_workers(data: str) -> int:
     return max(1, min(8, (cpus or 2) - 1))
 
 
-def resolve_config(config: TrainConfig, spec: WorkloadSpec, device: Any) -> dict[str, Any]:
+# Settings known only once the run has built its parts, or only for several processes: written
+# into run.json only where set, as records before this type had them.
+BUILT_FIELDS = (
+    "paired_cold_samples",
+    "paired_cold_max_steps",
+    "dataset",
+    "backend",
+    "transport_env",
+    "rendezvous_addr",
+    "transport_effective",
+)
+
+
+@dataclass(frozen=True)
+class EffectiveTrainConfig:
+    """What a training run runs with: every choice left to gpulens made (LoadGen's "effective
+    settings", beside the requested ``TrainConfig``). Frozen: a stage that learns more (the
+    optimizer built, the dataset read, the NCCL transport taken) makes a new one with
+    :meth:`with_built`. ``as_dict()`` is the ``effective_config`` of run.json."""
+
+    workload: str
+    task: str
+    batch_size: int
+    steps: int | None
+    duration_s: float | None
+    warmup_steps: int
+    device: str
+    precision: str
+    workers: int
+    data: str
+    until_ci_pct: float | None
+    sample_hz: float
+    count_flops: bool
+    channels_last: bool
+    storage_latency_s: float
+    storage_bandwidth_bytes_per_s: float | None
+    prep_timing: bool
+    gpus: int
+    nccl_transport: str
+    ddp_bucket_mb: float | None
+    worker_affinity: str
+    paired_cold_block: int | None
+    skip_bad_samples: bool
+    seed: int
+    optimizer: str | None = None
+    # What the analysis of a paired cold run needs to draw the same cold half again.
+    paired_cold_samples: int | None = None
+    paired_cold_max_steps: int | None = None
+    dataset: Mapping[str, Any] | None = None
+    # Data-parallel runs only.
+    backend: str | None = None
+    transport_env: Mapping[str, str] | None = None
+    rendezvous_addr: str | None = None
+    transport_effective: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"effective batch size must be positive, got {self.batch_size}")
+        if self.warmup_steps < 0 or self.workers < 0:
+            raise ValueError("effective warm-up steps and workers must be zero or more")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"unknown effective precision {self.precision!r}")
+        if self.steps is None and self.duration_s is None:
+            raise ValueError("an effective config needs a step count or a duration")
+
+    def with_built(self, **facts: Any) -> EffectiveTrainConfig:
+        """This config with settings learnt while building or running (see BUILT_FIELDS)."""
+        return replace(self, **facts)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The run.json ``effective_config``: every setting, the built ones where set."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            # A paired run's length is None when it never runs out (a slowed, reused half).
+            paired_length = f.name == "paired_cold_max_steps" and self.paired_cold_samples
+            if f.name in BUILT_FIELDS and value is None and not paired_length:
+                continue
+            if isinstance(value, Mapping):
+                value = dict(value)
+            elif isinstance(value, tuple):
+                value = list(value)
+            out[f.name] = value
+        return out
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> EffectiveTrainConfig:
+        """The config a run.json ``effective_config`` holds. Records written before a setting
+        existed get its default (what those runs ran with); keys it does not know are left."""
+        defaults = TrainConfig.__dataclass_fields__
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            if f.name in doc:
+                values[f.name] = doc[f.name]
+            elif f.name in defaults and defaults[f.name].default is not MISSING:
+                values[f.name] = defaults[f.name].default
+        if isinstance(values.get("transport_effective"), list):
+            values["transport_effective"] = tuple(values["transport_effective"])
+        return cls(**values)
+
+
+def resolve_config(config: TrainConfig, spec: WorkloadSpec, device: Any) -> EffectiveTrainConfig:
     """The effective config: every choice left to gpulens made."""
     if device.type == "cpu" and config.precision == "fp16":
         raise UsageError("fp16 training needs a GPU: use --precision bf16 or fp32 on the CPU")
@@ -156,30 +259,29 @@ def resolve_config(config: TrainConfig, spec: WorkloadSpec, device: Any) -> dict
     channels_last = config.channels_last
     if channels_last is None:
         channels_last = device.type == "cuda" and spec.task == "image_classification"
-    return {
-        "workload": spec.name,
-        "task": spec.task,
-        "batch_size": config.batch_size or spec.default_batch_size,
-        "steps": steps,
-        "duration_s": duration,
-        "warmup_steps": warmup,
-        "device": str(device),
-        "precision": config.precision,
-        "workers": workers,
-        "data": config.data,
-        "until_ci_pct": config.until_ci_pct,
-        "sample_hz": config.sample_hz,
-        "count_flops": config.count_flops,
-        "channels_last": bool(channels_last),
-        "storage_latency_s": config.storage_latency_s,
-        "storage_bandwidth_bytes_per_s": config.storage_bandwidth_bytes_per_s,
-        "prep_timing": config.prep_timing,
-        "gpus": config.gpus,
-        "nccl_transport": config.nccl_transport,
-        "ddp_bucket_mb": config.ddp_bucket_mb,
-        "worker_affinity": config.worker_affinity,
-        "paired_cold_block": config.paired_cold_block,
-        "skip_bad_samples": config.skip_bad_samples,
-        "seed": config.seed,
-        "optimizer": None,  # filled once built
-    }
+    return EffectiveTrainConfig(
+        workload=spec.name,
+        task=spec.task,
+        batch_size=config.batch_size or spec.default_batch_size,
+        steps=steps,
+        duration_s=duration,
+        warmup_steps=warmup,
+        device=str(device),
+        precision=config.precision,
+        workers=workers,
+        data=config.data,
+        until_ci_pct=config.until_ci_pct,
+        sample_hz=config.sample_hz,
+        count_flops=config.count_flops,
+        channels_last=bool(channels_last),
+        storage_latency_s=config.storage_latency_s,
+        storage_bandwidth_bytes_per_s=config.storage_bandwidth_bytes_per_s,
+        prep_timing=config.prep_timing,
+        gpus=config.gpus,
+        nccl_transport=config.nccl_transport,
+        ddp_bucket_mb=config.ddp_bucket_mb,
+        worker_affinity=config.worker_affinity,
+        paired_cold_block=config.paired_cold_block,
+        skip_bad_samples=config.skip_bad_samples,
+        seed=config.seed,
+    )

@@ -32,7 +32,7 @@ from gpulens.probes.monitor import ProbeSpec
 from gpulens.probes.steps import StepTimer
 from gpulens.record.schema import STEPS_SCHEMA
 from gpulens.run import RunResult, RunSession, measured_run
-from gpulens.workloads.config import resolve_config
+from gpulens.workloads.config import EffectiveTrainConfig, resolve_config
 from gpulens.workloads.devices import nvml_index_for
 from gpulens.workloads.loop import LoopResult, StopControl, measured_loop
 from gpulens.workloads.models import WorkloadSpec, get_workload
@@ -163,20 +163,21 @@ def run_distributed(
     world = config.gpus
     device_type = _check_devices(config, world)
     device0 = torch.device("cuda:0" if device_type == "cuda" else "cpu")
-    eff = resolve_config(config, spec, device0)
-    eff["device"] = f"{device_type}:0..{world - 1}" if device_type == "cuda" else "cpu"
     env = transport_env(config.nccl_transport) if device_type == "cuda" else {}
-    eff["backend"] = "nccl" if device_type == "cuda" else "gloo"
-    eff["transport_env"] = env
-    eff["rendezvous_addr"] = LOOPBACK
+    eff = resolve_config(config, spec, device0).with_built(
+        device=f"{device_type}:0..{world - 1}" if device_type == "cuda" else "cpu",
+        backend="nccl" if device_type == "cuda" else "gloo",
+        transport_env=env,
+        rendezvous_addr=LOOPBACK,
+    )
     with measured_run(
         runs_root,
         kind=kind,
-        name=config.name or f"{spec.name}-{world}x{device_type}-b{eff['batch_size']}",
+        name=config.name or f"{spec.name}-{world}x{device_type}-b{eff.batch_size}",
         requested_config=asdict(config),
         role=role,
     ) as run:
-        run.oom_hint = oom_message(eff["batch_size"], device0)
+        run.oom_hint = oom_message(eff.batch_size, device0)
         if device_type == "cuda" and "NCCL_DEBUG" not in os.environ:
             # NCCL says which transport each channel took: the effective setting, logged.
             env = {
@@ -203,7 +204,7 @@ def _spawn_and_summarize(
     import torch.multiprocessing as mp
 
     writer = run.writer
-    run.set_effective(eff)
+    run.set_effective(eff.as_dict())
     ctx = mp.get_context("spawn")
     messages = ctx.Queue()
     port = free_port()
@@ -229,7 +230,7 @@ def _spawn_and_summarize(
                 error = msg[1]
                 error_exit_code = msg[2] if len(msg) > 2 else 1
 
-    with run.monitor(probes, hz=eff["sample_hz"]):
+    with run.monitor(probes, hz=eff.sample_hz):
         # Forked from a thread that lives as long as this process: each rank's parent-death
         # signal (armed in _rank_main) fires when this process dies, not when a thread ends.
         procs = on_lasting_thread(
@@ -266,9 +267,10 @@ def _spawn_and_summarize(
     for row in result["rows"]:
         series.append(row)
     series.close()
-    transports = read_nccl_transports(writer.dir) if eff["backend"] == "nccl" else ["gloo"]
-    eff["transport_effective"] = transports
-    if eff["nccl_transport"] == "socket" and transports and "NET/Socket" not in transports:
+    transports = read_nccl_transports(writer.dir) if eff.backend == "nccl" else ["gloo"]
+    # Rank 0 built the optimizer and read the dataset: what it learnt joins the config.
+    eff = eff.with_built(**result.get("built", {}), transport_effective=tuple(transports))
+    if eff.nccl_transport == "socket" and transports and "NET/Socket" not in transports:
         log.warning("NCCL was asked for sockets but reported %s", ", ".join(transports))
     measured = [r for r in result["rows"] if not r["warmup"]]
     # Rank 0's time in gpulens's step timer per step, on its training thread.
@@ -287,7 +289,7 @@ def _spawn_and_summarize(
 def _rank_main(
     rank: int,
     world: int,
-    eff: dict[str, Any],
+    eff: EffectiveTrainConfig,
     record_dir: str,
     port: int,
     messages,
@@ -302,18 +304,18 @@ def _rank_main(
     os.environ.update(env)
     os.environ.update(loopback_env())
     os.environ.update(MASTER_ADDR=LOOPBACK, MASTER_PORT=str(port))
-    cuda = eff["backend"] == "nccl"
+    cuda = eff.backend == "nccl"
     device = torch.device(f"cuda:{rank}") if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
     else:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
-    torch.manual_seed(eff["seed"])
-    spec = get_workload(eff["workload"])
-    init_group(eff["backend"], rank, world, port, device_id=device if cuda else None)
+    torch.manual_seed(eff.seed)
+    spec = get_workload(eff.workload)
+    init_group(eff.backend, rank, world, port, device_id=device if cuda else None)
     try:
         control = StopControl(dist.new_group(backend="gloo"))
-        timing_dir = Path(record_dir) / "series" if eff["prep_timing"] and rank == 0 else None
+        timing_dir = Path(record_dir) / "series" if eff.prep_timing and rank == 0 else None
         skip_log = Path(record_dir) / SKIPPED_SAMPLES_FILE
         try:
             prepared = prepare(spec, eff, device, timing_dir, rank, world, skip_log=skip_log)
@@ -331,10 +333,10 @@ def _rank_main(
 
         try:
             loop = measured_loop(
-                prepared, eff, device, timer, report, eff["batch_size"] * world, control
+                prepared, prepared.effective, device, timer, report, eff.batch_size * world, control
             )
         except torch.cuda.OutOfMemoryError:
-            messages.put(("error", oom_message(eff["batch_size"], device)))
+            messages.put(("error", oom_message(eff.batch_size, device)))
             raise
         except GpulensError as exc:  # e.g. a bad image, named by the loader
             messages.put(("error", str(exc), exc.exit_code))
@@ -350,9 +352,16 @@ def _rank_main(
                         "loop": asdict(loop),
                         "tracking_us_per_step": timer.tracking_us_per_step(),
                         "gpu_timing_every_n_steps": timer.gpu_timing_every_n_steps,
+                        "built": _built_facts(prepared.effective),
                     },
                 )
             )
         control.barrier()
     finally:
         dist.destroy_process_group()
+
+
+def _built_facts(eff: EffectiveTrainConfig) -> dict[str, Any]:
+    """What a rank learnt while building (the optimizer, the dataset), to send to the parent."""
+    rank_facts = ("optimizer", "dataset", "paired_cold_samples", "paired_cold_max_steps")
+    return {name: getattr(eff, name) for name in rank_facts if getattr(eff, name) is not None}

@@ -5,7 +5,8 @@ Job syntax (parsed by :func:`parse_job`):
 
 - ``resnet18`` or ``resnet18:batch=64,precision=bf16`` or ``train:resnet18:batch=64``: training
 - ``infer:resnet50:batch=1,rate=200``: inference, ``rate`` requests/s at constant arrivals
-  (latency counts from the scheduled arrival), closed loop without ``rate``
+  (latency counts from the scheduled arrival), closed loop without ``rate``;
+  ``rate=200,arrivals=poisson`` draws the arrivals from a Poisson process of that mean rate
 - ``cmd:python train.py --epochs 1``: any command; its throughput is runs per second (1/wall)
 - every built-in job takes ``name=...``; a name must be unique within one experiment
 """
@@ -19,9 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from gpulens.errors import UsageError
+from gpulens.workloads.schedule import Schedule
 
 KINDS = ("train", "infer", "cmd")
 PRECISIONS = ("fp32", "bf16", "fp16")
+ARRIVALS = ("constant", "poisson")
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,8 @@ class JobSpec:
     rate_per_s: float | None = None
     command: tuple[str, ...] = ()
     name: str = ""
+    # How requests arrive at ``rate_per_s``: evenly spaced (constant) or a Poisson process.
+    arrivals: str = "constant"
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -55,6 +60,12 @@ class JobSpec:
             )
         if self.rate_per_s is not None and (self.kind != "infer" or self.rate_per_s <= 0):
             raise UsageError("rate= is for infer: jobs and must be positive requests per second")
+        if self.arrivals not in ARRIVALS:
+            raise UsageError(
+                f"job {self.workload}: unknown arrivals {self.arrivals!r}; use constant or poisson"
+            )
+        if self.arrivals != "constant" and self.rate_per_s is None:
+            raise UsageError(f"job {self.workload}: arrivals= needs rate= (requests per second)")
         if self.batch_size is None:
             default = 1 if self.kind == "infer" else spec.default_batch_size
             object.__setattr__(self, "batch_size", default)
@@ -74,7 +85,15 @@ class JobSpec:
         opts = f"batch={self.batch_size},precision={self.precision}"
         if self.rate_per_s is not None:
             opts += f",rate={self.rate_per_s:g}"
+        if self.arrivals != "constant":
+            opts += f",arrivals={self.arrivals}"
         return f"{self.kind}:{self.workload}:{opts}"
+
+    def schedule(self, seed: int = 0) -> Schedule:
+        """When the job's steps start: closed loop, or its requests' arrivals."""
+        if self.rate_per_s is None:
+            return Schedule()
+        return Schedule(self.arrivals, self.rate_per_s, seed)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -88,10 +107,11 @@ class JobSpec:
             kind=d["kind"], workload=d.get("workload"), batch_size=d.get("batch_size"),
             precision=d.get("precision", "fp32"), rate_per_s=d.get("rate_per_s"),
             command=tuple(d.get("command") or ()), name=d.get("name") or "",
+            arrivals=d.get("arrivals") or "constant",
         )  # fmt: skip
 
 
-_OPTION_NAMES = {"batch", "precision", "rate", "name"}
+_OPTION_NAMES = {"batch", "precision", "rate", "arrivals", "name"}
 
 
 def parse_job(text: str) -> JobSpec:
@@ -129,7 +149,7 @@ def parse_job(text: str) -> JobSpec:
         raise UsageError(f"job {text!r}: batch must be an integer and rate a number") from None
     return JobSpec(
         kind, parts[0], batch_size=batch, precision=opts.get("precision", "fp32"),
-        rate_per_s=rate, name=opts.get("name", ""),
+        rate_per_s=rate, name=opts.get("name", ""), arrivals=opts.get("arrivals", "constant"),
     )  # fmt: skip
 
 

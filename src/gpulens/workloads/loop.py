@@ -14,6 +14,7 @@ import torch
 from gpulens.errors import RuntimeFailure
 from gpulens.probes.steps import StepTimer
 from gpulens.stats import throughput_ci
+from gpulens.workloads.config import EffectiveTrainConfig
 from gpulens.workloads.recipe import Prepared
 
 log = logging.getLogger(__name__)
@@ -62,7 +63,7 @@ class StopControl:
 
 def measured_loop(
     prepared: Prepared,
-    eff: dict[str, Any],
+    eff: EffectiveTrainConfig,
     device: torch.device,
     timer: StepTimer,
     progress: ProgressFn | None,
@@ -71,20 +72,20 @@ def measured_loop(
     flop_counter: Callable[[Callable[[], Any]], float | None] | None = None,
 ) -> LoopResult:
     """Warm up, then train until the step count, the time budget or the CI target is met.
-    With ``eff["count_flops"]`` (one process only) the first step runs under ``flop_counter``
+    With ``eff.count_flops`` (one process only) the first step runs under ``flop_counter``
     (default :func:`count_flops`)."""
     cuda = device.type == "cuda"
     memory_format = prepared.memory_format
     batches, step_fn = prepared.batches, prepared.step_fn
     flops_per_step: float | None = None
-    warmup, max_steps, budget_s = eff["warmup_steps"], eff["steps"], eff["duration_s"]
+    warmup, max_steps, budget_s = eff.warmup_steps, eff.steps, eff.duration_s
     t_measure0 = time.time()
     t_run0 = time.perf_counter()
     measure_start = None
     stop_reason = "steps"
     step = 0
     # Synthetic batches are made in the model's memory format: no per-step reformat call.
-    reformat = eff["channels_last"] and eff.get("data") != "synthetic"
+    reformat = eff.channels_last and eff.data != "synthetic"
     last_progress_s = -PROGRESS_EVERY_S
     while True:
         timer.warmup_steps = warmup
@@ -105,7 +106,7 @@ def measured_loop(
         elif reformat and x.dim() == 4:
             x = x.contiguous(memory_format=memory_format)
         timer.copy_done()
-        if step == 0 and eff["count_flops"] and control is None:
+        if step == 0 and eff.count_flops and control is None:
             flops_per_step = (flop_counter or count_flops)(lambda x=x, y=y: step_fn(x, y))
         else:
             step_fn(x, y)
@@ -136,9 +137,9 @@ def measured_loop(
         wanted = None
         if budget_s is not None and elapsed >= budget_s:
             wanted = "duration"
-        elif eff["until_ci_pct"] is not None and measured >= 20 and measured % 10 == 0:
+        elif eff.until_ci_pct is not None and measured >= 20 and measured % 10 == 0:
             ci = throughput_ci(ci_step_times(timer.measured_rows()), samples_per_step)
-            if ci is not None and ci.ci95_pct <= eff["until_ci_pct"]:
+            if ci is not None and ci.ci95_pct <= eff.until_ci_pct:
                 wanted = "until_ci"
         if control is not None:
             wanted = control.agree(wanted)

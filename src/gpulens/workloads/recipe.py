@@ -18,7 +18,7 @@ import torch
 
 from gpulens.data.affinity import worker_init
 from gpulens.errors import UsageError
-from gpulens.workloads.config import LOADER_PREFETCH
+from gpulens.workloads.config import LOADER_PREFETCH, EffectiveTrainConfig
 from gpulens.workloads.models import WorkloadSpec
 
 SYNTHETIC_POOL_BATCHES = 4
@@ -146,11 +146,14 @@ class Prepared:
     step_fn: Callable[[Any, Any], Any]
     batches: Iterator
     memory_format: torch.memory_format
+    # The effective config with what building learnt: the optimizer, the dataset, the length
+    # of a paired cold run.
+    effective: EffectiveTrainConfig
 
 
 def build_loader(
     spec: WorkloadSpec,
-    eff: dict[str, Any],
+    eff: EffectiveTrainConfig,
     device: torch.device,
     timing_dir: Path | None = None,
     rank: int = 0,
@@ -158,31 +161,31 @@ def build_loader(
     skip_log: Path | None = None,
 ) -> torch.utils.data.DataLoader:
     """The data loader a run over on-disk data uses: the workload's dataset (with any storage
-    emulation), ``eff["workers"]`` worker processes, pinned memory on a GPU, endless shuffle.
-    With ``eff["skip_bad_samples"]`` images that cannot be decoded are replaced, each skip
+    emulation), ``eff.workers`` worker processes, pinned memory on a GPU, endless shuffle.
+    With ``eff.skip_bad_samples`` images that cannot be decoded are replaced, each skip
     logged to ``skip_log`` (the run record's ``skipped_samples.tsv``)."""
     from gpulens.data.datasets import build_dataset, collate_with_timing
     from gpulens.data.storage import StorageEmulation
 
-    batch = eff["batch_size"]
-    storage = StorageEmulation(eff["storage_latency_s"], eff["storage_bandwidth_bytes_per_s"])
+    batch = eff.batch_size
+    storage = StorageEmulation(eff.storage_latency_s, eff.storage_bandwidth_bytes_per_s)
     dataset = build_dataset(
         spec,
-        eff["data"],
+        eff.data,
         n_synthetic=0,
         storage=storage if storage.active else None,
         timing_dir=timing_dir,
-        skip_bad_samples=bool(eff.get("skip_bad_samples")),
+        skip_bad_samples=eff.skip_bad_samples,
         skip_log=skip_log,
     )
     if len(dataset) < batch * world_size:
         raise UsageError(
-            f"dataset {eff['data']} has {len(dataset)} samples, fewer than one batch of "
+            f"dataset {eff.data} has {len(dataset)} samples, fewer than one batch of "
             f"{batch} per process: make more data or lower --batch-size"
         )
-    workers = eff["workers"]
-    sampler: torch.utils.data.Sampler = EndlessShuffle(len(dataset), eff["seed"], rank, world_size)
-    if eff.get("paired_cold_block"):
+    workers = eff.workers
+    sampler: torch.utils.data.Sampler = EndlessShuffle(len(dataset), eff.seed, rank, world_size)
+    if eff.paired_cold_block:
         sampler = paired_sampler(dataset, eff)
     return torch.utils.data.DataLoader(
         dataset,
@@ -193,36 +196,45 @@ def build_loader(
         pin_memory=device.type == "cuda",
         prefetch_factor=LOADER_PREFETCH if workers > 0 else None,
         collate_fn=collate_with_timing(timing_dir) if timing_dir else None,
-        worker_init_fn=worker_init(eff.get("worker_affinity", "os"), workers, rank),
+        worker_init_fn=worker_init(eff.worker_affinity, workers, rank),
     )
 
 
-def paired_sampler(dataset, eff: dict[str, Any]) -> torch.utils.data.Sampler:
+def paired_sampler(dataset, eff: EffectiveTrainConfig) -> torch.utils.data.Sampler:
     """The sampler of a paired cold run; storage emulation, if any, slows the cold half only."""
     from gpulens.data.paired import PairedColdSampler, cold_mask
     from gpulens.data.prep_timing import InstrumentedImageFolder
 
     if not isinstance(dataset, InstrumentedImageFolder):
         raise UsageError("paired cold reading needs an image folder dataset (one file per sample)")
-    cold = cold_mask(len(dataset), eff["seed"])
+    cold = cold_mask(len(dataset), eff.seed)
     dataset.emulate_only(cold)
-    sampler = PairedColdSampler(
+    return PairedColdSampler(
         cold,
-        eff["batch_size"],
-        eff["workers"],
-        eff["paired_cold_block"],
-        eff["seed"],
+        eff.batch_size,
+        eff.workers,
+        eff.paired_cold_block,
+        eff.seed,
         reuse_cold=dataset.storage is not None,
     )
-    # What the analysis needs to draw the same cold half again, and how long it lasts.
-    eff["paired_cold_samples"] = len(dataset)
-    eff["paired_cold_max_steps"] = sampler.max_batches()
-    return sampler
+
+
+def paired_facts(loader: torch.utils.data.DataLoader) -> dict[str, Any]:
+    """What the analysis of a paired cold run needs to draw the same cold half again, and how
+    long the run lasts; nothing for other loaders."""
+    from gpulens.data.paired import PairedColdSampler
+
+    if not isinstance(loader.sampler, PairedColdSampler):
+        return {}
+    return {
+        "paired_cold_samples": len(loader.dataset),
+        "paired_cold_max_steps": loader.sampler.max_batches(),
+    }
 
 
 def prepare(
     spec: WorkloadSpec,
-    eff: dict[str, Any],
+    eff: EffectiveTrainConfig,
     device: torch.device,
     timing_dir: Path | None,
     rank: int = 0,
@@ -230,12 +242,12 @@ def prepare(
     skip_log: Path | None = None,
 ) -> Prepared:
     """Build the model, optimizer and batch source; wraps the model in DDP when a process
-    group is up. Fills the effective config's ``optimizer`` and ``dataset``. ``skip_log``: where
-    the loader logs the bad samples it skips (see :func:`build_loader`)."""
+    group is up. ``Prepared.effective`` is ``eff`` with the optimizer and the dataset added.
+    ``skip_log``: where the loader logs the bad samples it skips (see :func:`build_loader`)."""
     cuda = device.type == "cuda"
-    batch = eff["batch_size"]
-    memory_format = memory_format_for(eff["channels_last"])
-    model = model_for(spec, device, eff["channels_last"])
+    batch = eff.batch_size
+    memory_format = memory_format_for(eff.channels_last)
+    model = model_for(spec, device, eff.channels_last)
     optimizer = optimizer_for(spec, model)
     if world_size > 1:
         from torch.nn.parallel import DistributedDataParallel
@@ -243,18 +255,17 @@ def prepare(
         model = DistributedDataParallel(
             model,
             device_ids=[device.index] if cuda else None,
-            bucket_cap_mb=eff.get("ddp_bucket_mb") or 25,
+            bucket_cap_mb=eff.ddp_bucket_mb or 25,
         )
-    eff["optimizer"] = type(optimizer).__name__
-
-    if eff["data"] == "synthetic":
-        batches = synthetic_batches(spec, batch, device, eff["seed"] + rank, memory_format)
-        eff["dataset"] = {"kind": "synthetic_on_device", "pool_batches": SYNTHETIC_POOL_BATCHES}
+    built: dict[str, Any] = {"optimizer": type(optimizer).__name__}
+    if eff.data == "synthetic":
+        batches = synthetic_batches(spec, batch, device, eff.seed + rank, memory_format)
+        built["dataset"] = {"kind": "synthetic_on_device", "pool_batches": SYNTHETIC_POOL_BATCHES}
     else:
         from gpulens.data.datasets import describe_dataset
 
         loader = build_loader(spec, eff, device, timing_dir, rank, world_size, skip_log)
         batches = iter(loader)
-        eff["dataset"] = describe_dataset(eff["data"])
-    step_fn = training_step(spec, model, optimizer, device, eff["precision"])
-    return Prepared(step_fn, batches, memory_format)
+        built.update(paired_facts(loader), dataset=describe_dataset(eff.data))
+    step_fn = training_step(spec, model, optimizer, device, eff.precision)
+    return Prepared(step_fn, batches, memory_format, eff.with_built(**built))

@@ -15,6 +15,7 @@ from gpulens.probes.gpu_specs import peak_flops
 from gpulens.probes.summary import summarize_gpu, summarize_host
 from gpulens.record.writer import RunWriter
 from gpulens.stats import rate_ci95, throughput_ci
+from gpulens.workloads.config import EffectiveTrainConfig
 from gpulens.workloads.loop import LoopResult, ci_step_times
 from gpulens.workloads.models import WorkloadSpec
 
@@ -38,7 +39,7 @@ def _mean(values) -> float | None:
 
 def summarize_run(
     spec: WorkloadSpec,
-    eff: dict[str, Any],
+    eff: EffectiveTrainConfig,
     device: torch.device,
     writer: RunWriter,
     rows: list[dict[str, Any]],
@@ -50,7 +51,7 @@ def summarize_run(
 ) -> dict[str, Any]:
     """The run's summary (written into run.json): throughput over all processes, phases of
     rank 0's steps, the first GPU's monitor means (all GPUs under ``gpus``), MFU per GPU."""
-    batch = eff["batch_size"]
+    batch = eff.batch_size
     samples_per_step = batch * world_size
     ci = throughput_ci(ci_step_times(rows), samples_per_step)
     samples = samples_per_step * len(rows)
@@ -77,7 +78,7 @@ def summarize_run(
             per_gpu.append(s)
         gpu_summary = dict(per_gpu[0]) if per_gpu else {}
         gpu_summary["name"] = torch.cuda.get_device_name(device)
-        peak = peak_flops(gpu_summary["name"], peak_precision(spec, eff["precision"]))
+        peak = peak_flops(gpu_summary["name"], peak_precision(spec, eff.precision))
         if flops_per_step and peak and phases["step"]:
             mfu = flops_per_step / phases["step"] / peak
         gpu_summary["peak_flops"] = peak
@@ -89,12 +90,12 @@ def summarize_run(
         "device": str(device) if world_size == 1 else f"{world_size}x {device.type}",
         "gpus": world_size if device.type == "cuda" else 0,
         "processes": world_size,
-        "precision": eff["precision"],
+        "precision": eff.precision,
         "batch_size": batch,
         "global_batch_size": samples_per_step,
-        "workers": eff["workers"] if eff["data"] != "synthetic" else 0,
+        "workers": eff.workers if eff.data != "synthetic" else 0,
         "measured_steps": len(rows),
-        "warmup_steps": eff["warmup_steps"],
+        "warmup_steps": eff.warmup_steps,
         "stop_reason": loop.stop_reason,
         "measured_wall_s": wall,
         "measured_start_unix_s": loop.t_measure0,
@@ -111,14 +112,14 @@ def summarize_run(
         **skipped,
         **overhead,
     }
-    writer.update(summary=summary, effective_config=eff)
+    writer.update(summary=summary, effective_config=eff.as_dict())
     return summary
 
 
-def _skipped(eff: dict[str, Any], skip_log: Path) -> dict[str, Any]:
+def _skipped(eff: EffectiveTrainConfig, skip_log: Path) -> dict[str, Any]:
     """The summary's count of bad samples skipped (warm-up included): None where nothing could
     be skipped (synthetic data, or skipping off: a bad sample then stops the run)."""
-    if eff["data"] == "synthetic" or not eff.get("skip_bad_samples"):
+    if eff.data == "synthetic" or not eff.skip_bad_samples:
         return {"skipped_samples": None, "skipped_files_total": None, "skipped_files": None}
     got = read_skipped(skip_log)
     if got["skipped_samples"]:

@@ -21,7 +21,7 @@ from gpulens.probes.monitor import ProbeSpec
 from gpulens.probes.steps import StepTimer
 from gpulens.record.schema import STEPS_SCHEMA
 from gpulens.run import RunResult, RunSession, measured_run
-from gpulens.workloads.config import TrainConfig, resolve_config
+from gpulens.workloads.config import EffectiveTrainConfig, TrainConfig, resolve_config
 from gpulens.workloads.devices import nvml_index_for, resolve_device
 from gpulens.workloads.loop import ProgressFn, measured_loop
 from gpulens.workloads.models import WorkloadSpec, get_workload
@@ -54,11 +54,11 @@ def run_training(
     with measured_run(
         runs_root,
         kind=kind,
-        name=config.name or f"{spec.name}-{device.type}-b{eff['batch_size']}",
+        name=config.name or f"{spec.name}-{device.type}-b{eff.batch_size}",
         requested_config=asdict(config),
         role=role,
     ) as run:
-        run.oom_hint = oom_message(eff["batch_size"], device)
+        run.oom_hint = oom_message(eff.batch_size, device)
         nvml_index = nvml_index_for(device)
         probes = [ProbeSpec("host", {"root_pid": os.getpid()})]
         if nvml_index is not None:
@@ -71,7 +71,7 @@ def run_training(
 
 def _train(
     spec: WorkloadSpec,
-    eff: dict[str, Any],
+    eff: EffectiveTrainConfig,
     device: torch.device,
     run: RunSession,
     probes: list[ProbeSpec],
@@ -79,13 +79,14 @@ def _train(
     progress: ProgressFn | None,
 ) -> dict[str, Any]:
     writer = run.writer
-    timing_dir = run.dir / "series" if eff["prep_timing"] else None
+    timing_dir = run.dir / "series" if eff.prep_timing else None
     prepared = prepare(spec, eff, device, timing_dir, skip_log=run.dir / SKIPPED_SAMPLES_FILE)
-    run.set_effective(eff)
+    eff = prepared.effective
+    run.set_effective(eff.as_dict())
     cuda = device.type == "cuda"
     timer = StepTimer(writer.series("steps", STEPS_SCHEMA), cuda=cuda, warmup_steps=0)
-    with run.monitor(probes, hz=eff["sample_hz"]):
-        loop = measured_loop(prepared, eff, device, timer, progress, eff["batch_size"])
+    with run.monitor(probes, hz=eff.sample_hz):
+        loop = measured_loop(prepared, eff, device, timer, progress, eff.batch_size)
         timer.finish()
     peak_mem = torch.cuda.max_memory_allocated(device) if cuda else None
     # The sampler's CPU share, and gpulens's own time on this training thread per step.

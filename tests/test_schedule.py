@@ -1,0 +1,96 @@
+"""Closed-loop, constant-rate and Poisson schedules of the shared measured loop."""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import time
+
+import pytest
+
+from gpulens.errors import UsageError
+from gpulens.workloads.jobspec import JobSpec, parse_job
+from gpulens.workloads.schedule import Schedule, ScheduledLoop
+
+
+def test_constant_arrivals_are_evenly_spaced():
+    offsets = list(itertools.islice(Schedule("constant", 200.0).arrival_offsets_s(), 5))
+    assert offsets == pytest.approx([0.0, 0.005, 0.010, 0.015, 0.020])
+
+
+def test_poisson_arrivals_have_the_mean_rate_and_repeat_with_the_seed():
+    def gaps(seed):
+        xs = list(itertools.islice(Schedule("poisson", 50.0, seed).arrival_offsets_s(), 20001))
+        return [b - a for a, b in itertools.pairwise(xs)]
+
+    g = gaps(1)
+    assert statistics.fmean(g) == pytest.approx(1 / 50, rel=0.03)
+    # Exponential gaps: the standard deviation equals the mean (constant gaps would give 0).
+    assert statistics.pstdev(g) == pytest.approx(1 / 50, rel=0.05)
+    assert g[:10] == gaps(1)[:10] and g[:10] != gaps(2)[:10]
+
+
+@pytest.mark.parametrize(
+    ("kind", "rate", "message"),
+    [("closed", 5.0, "no rate"), ("poisson", None, "positive rate"),
+     ("constant", 0.0, "positive rate"), ("bursty", 1.0, "unknown schedule")],
+)  # fmt: skip
+def test_bad_schedules_are_usage_errors(kind, rate, message):
+    with pytest.raises(UsageError, match=message):
+        Schedule(kind, rate)
+
+
+def test_closed_loop_times_each_step_and_runs_at_least_min_steps():
+    loop = ScheduledLoop()
+    loop.run(lambda: time.sleep(0.002), time.time() - 1.0, min_steps=3)  # deadline passed
+    assert len(loop.step_times_s) == 3
+    assert all(t >= 0.002 for t in loop.step_times_s)
+    assert loop.window_s >= sum(loop.step_times_s)
+
+
+def test_open_loop_latency_includes_the_wait_behind_earlier_requests():
+    # Requests every 5 ms, each served in 10 ms: request k arrives at 5k ms and cannot finish
+    # before 10(k+1) ms, so its latency is at least 5k + 10 ms, whatever the machine's load.
+    loop = ScheduledLoop(Schedule("constant", 200.0))
+    loop.run(lambda: time.sleep(0.010), time.time() + 0.06)
+    lat = loop.step_times_s
+    assert len(lat) >= 5
+    for k, t in enumerate(lat):
+        assert t >= 0.005 * k + 0.010 - 1e-4
+
+
+def test_open_loop_serves_exactly_the_arrivals_before_the_deadline():
+    loop = ScheduledLoop(Schedule("constant", 100.0))
+    end = time.time() + 0.05
+    loop.run(lambda: None, end)
+    assert loop.start_unix_s is not None
+    budget_s = end - loop.start_unix_s
+    assert len(loop.step_times_s) == sum(1 for k in range(100) if k / 100.0 < budget_s)
+
+
+def test_a_failing_step_keeps_what_was_measured():
+    calls = []
+
+    def step():
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("boom")
+
+    loop = ScheduledLoop()
+    with pytest.raises(RuntimeError):
+        loop.run(step, time.time() + 10)
+    assert len(loop.step_times_s) == 2 and loop.window_s > 0
+
+
+def test_jobs_choose_their_arrivals():
+    job = parse_job("infer:tiny_cnn:rate=50,arrivals=poisson")
+    assert job.schedule(seed=3) == Schedule("poisson", 50.0, 3)
+    assert job.key.endswith(",rate=50,arrivals=poisson")
+    assert JobSpec.from_dict(job.to_dict()) == job
+    constant = parse_job("infer:tiny_cnn:rate=50")
+    assert constant.schedule() == Schedule("constant", 50.0) and "arrivals" not in constant.key
+    assert parse_job("tiny_cnn").schedule() == Schedule()
+    with pytest.raises(UsageError, match="arrivals= needs rate="):
+        parse_job("infer:tiny_cnn:arrivals=poisson")
+    with pytest.raises(UsageError, match="constant or poisson"):
+        parse_job("infer:tiny_cnn:rate=5,arrivals=bursty")
