@@ -19,6 +19,7 @@ from gpulens.cli import colocate, common, doctor, run, stalls
 from gpulens.cli.data import data_app
 from gpulens.cli.runs import runs_app
 from gpulens.report import failure, output
+from gpulens.run import interrupts
 
 __all__ = ["app", "main"]
 
@@ -104,6 +105,15 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point: one line and an exit code for every error (0 ok, 1 failed, 2 usage,
     130 Ctrl-C); with --json one JSON document on stdout, an error one included; tracebacks only
     with --debug."""
+    # A Ctrl-C that native code (torch's import, its FLOP counter) swallows is still honoured.
+    interrupts.install()
+    try:
+        return _main(argv)
+    finally:
+        interrupts.uninstall()
+
+
+def _main(argv: list[str] | None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     own = _own_args(args)
     debug, json_mode = "--debug" in own, "--json" in own

@@ -112,7 +112,10 @@ def command_json(result) -> dict[str, Any]:
 def train_and_store(config, store: bool, kind: str = "train", label: str = "run"):
     """Run built-in training with progress on stderr; the record reaches the store on every
     exit path (finished, failed, killed)."""
-    from gpulens.workloads.train import run_training
+    from gpulens.run import interrupts
+
+    with interrupts.held():  # a Ctrl-C during torch's import is lost or aborts the process
+        from gpulens.workloads.train import run_training
 
     what = f"training {config.workload}"
     with common.progress(label, unit="steps") as progress:
@@ -266,8 +269,11 @@ def demo(
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     from gpulens.data.datagen import make_images
+    from gpulens.run import interrupts
     from gpulens.workloads.config import TrainConfig
-    from gpulens.workloads.devices import resolve_device
+
+    with interrupts.held():  # a Ctrl-C during torch's import is lost or aborts the process
+        from gpulens.workloads.devices import resolve_device
 
     dev = resolve_device(device)
     gpu = dev.type == "cuda"

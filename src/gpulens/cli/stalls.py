@@ -106,6 +106,10 @@ def stalls(
                 list(found.command), data, runs_dir(), progress=progress.phase
             )
     else:
+        from gpulens.run import interrupts
+
+        with interrupts.held():  # a Ctrl-C during torch's import is lost or aborts the process
+            import torch  # noqa: F401
         bandwidth_mb_s = common.deprecated_alias(
             ctx, "storage_bandwidth_mb_s", "old_storage_bandwidth"
         )

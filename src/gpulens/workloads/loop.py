@@ -13,6 +13,7 @@ import torch
 
 from gpulens.errors import RuntimeFailure
 from gpulens.probes.steps import StepTimer
+from gpulens.run import interrupts
 from gpulens.stats import throughput_ci
 from gpulens.workloads.config import EffectiveTrainConfig
 from gpulens.workloads.recipe import Prepared
@@ -111,6 +112,7 @@ def measured_loop(
         else:
             step_fn(x, y)
         timer.end_step(samples=samples_per_step)
+        interrupts.raise_if_interrupted()  # a Ctrl-C that the step's native code swallowed
         step += 1
         if step == warmup:
             if cuda:
@@ -161,7 +163,8 @@ def count_flops(fn: Callable[[], Any]) -> float | None:
     try:
         from torch.utils.flop_counter import FlopCounterMode
 
-        with FlopCounterMode(display=False) as counter:
+        # Python runs inside torch's dispatch here: a Ctrl-C raised there would be lost.
+        with interrupts.held(), FlopCounterMode(display=False) as counter:
             fn()
         return float(counter.get_total_flops())
     except Exception as exc:  # an op the counter does not know must not stop the run

@@ -1,0 +1,72 @@
+"""A Ctrl-C that is never lost.
+
+Python raises ``KeyboardInterrupt`` wherever the main thread happens to be. Inside native code
+that calls back into Python (``import torch``, a dispatch mode such as torch's FLOP counter)
+the exception can be swallowed, or turned into a C++ exception that aborts the process: seen
+here, 2 of 40 SIGINTs during ``import torch`` were lost and 1 aborted with SIGABRT. gpulens
+therefore notes every SIGINT it receives, holds it inside such regions (:func:`held`), and its
+loops re-raise a noted interrupt that something swallowed (:func:`raise_if_interrupted`).
+
+Only the CLI installs the handler (:func:`install`); a library user keeps Python's own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+from types import FrameType
+
+_state = {"pending": False, "held": 0, "installed": False}
+
+
+def _on_sigint(signum: int, frame: FrameType | None) -> None:
+    _state["pending"] = True
+    if not _state["held"]:
+        raise KeyboardInterrupt
+
+
+def install() -> bool:
+    """Note SIGINTs from now on (main thread, and only where SIGINT has Python's default
+    handler: a launcher's own forwarding handler is left alone). Returns whether installed."""
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    current = signal.getsignal(signal.SIGINT)
+    if current is not signal.default_int_handler and current is not _on_sigint:
+        return False
+    signal.signal(signal.SIGINT, _on_sigint)
+    _state.update(pending=False, held=0, installed=True)
+    return True
+
+
+def uninstall() -> None:
+    """Python's default handler again (tests, and a CLI run inside another program)."""
+    if _state["installed"] and signal.getsignal(signal.SIGINT) is _on_sigint:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    _state.update(pending=False, held=0, installed=False)
+
+
+def pending() -> bool:
+    """Whether a SIGINT arrived that has not been raised to the end (it is cleared only by
+    :func:`uninstall`: a run interrupted once stays interrupted)."""
+    return bool(_state["pending"])
+
+
+def raise_if_interrupted() -> None:
+    """Raise ``KeyboardInterrupt`` if a SIGINT arrived (one that native code swallowed)."""
+    if _state["pending"]:
+        raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def held() -> Iterator[None]:
+    """Within: a SIGINT is noted, not raised (native code cannot lose it or abort on it); on
+    leaving, a noted SIGINT is raised as ``KeyboardInterrupt``."""
+    _state["held"] += 1
+    try:
+        yield
+    finally:
+        _state["held"] -= 1
+    if not _state["held"]:
+        raise_if_interrupted()

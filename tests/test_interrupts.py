@@ -1,0 +1,119 @@
+"""A Ctrl-C is never lost: held inside native code, re-raised when something swallowed it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from gpulens.run import interrupts
+
+
+@pytest.fixture
+def installed():
+    assert interrupts.install()
+    yield
+    interrupts.uninstall()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def _sigint_self() -> None:
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.05)  # the handler runs in the main thread at the next bytecode
+
+
+def test_a_swallowed_interrupt_is_raised_again(installed):
+    # What a native library's callback wrapper can do to it:
+    with contextlib.suppress(KeyboardInterrupt):
+        _sigint_self()
+    assert interrupts.pending()
+    with pytest.raises(KeyboardInterrupt):
+        interrupts.raise_if_interrupted()
+
+
+def test_an_interrupt_inside_a_held_region_is_raised_on_leaving_it(installed):
+    reached_end = False
+    with pytest.raises(KeyboardInterrupt), interrupts.held():
+        _sigint_self()
+        reached_end = True  # not raised inside: native code finishes its work
+    assert reached_end
+
+
+def test_without_interrupt_nothing_is_raised(installed):
+    with interrupts.held():
+        pass
+    interrupts.raise_if_interrupted()
+    assert not interrupts.pending()
+
+
+def test_a_launchers_own_handler_is_left_alone():
+    def forward(signum, frame):
+        pass
+
+    old = signal.signal(signal.SIGINT, forward)
+    try:
+        assert not interrupts.install()
+        assert signal.getsignal(signal.SIGINT) is forward
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+def test_the_cli_restores_pythons_handler(capsys):
+    from gpulens.cli import main
+
+    assert main(["--version"]) == 0
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_ctrl_c_during_a_step_that_swallows_it_stops_the_measured_loop(tmp_path):
+    """The training loop's step swallows KeyboardInterrupt (as code under torch's dispatch
+    can): the CLI's handler notes the signal and the measured loop raises it after the step."""
+    script = tmp_path / "swallow.py"
+    script.write_text(
+        textwrap.dedent("""
+        import itertools, sys, time
+        import torch
+        from gpulens.probes.steps import StepTimer
+        from gpulens.run import interrupts
+        from gpulens.workloads.config import TrainConfig, resolve_config
+        from gpulens.workloads.loop import measured_loop
+        from gpulens.workloads.models import get_workload
+        from gpulens.workloads.recipe import Prepared
+
+        def step(x, y):
+            try:
+                time.sleep(0.01)
+            except KeyboardInterrupt:
+                pass
+
+        cpu = torch.device("cpu")
+        config = TrainConfig("tiny_cnn", duration_s=20, warmup_steps=0, count_flops=False)
+        eff = resolve_config(config, get_workload("tiny_cnn"), cpu)
+        batch = (torch.zeros(1), torch.zeros(1))
+        prepared = Prepared(step, itertools.repeat(batch), torch.contiguous_format, eff)
+        interrupts.install()
+        started = []
+
+        def progress(*_):
+            if not started:
+                started.append(1)
+                print("ready", flush=True)
+
+        try:
+            timer = StepTimer(None, cuda=False, warmup_steps=0)
+            measured_loop(prepared, eff, cpu, timer, progress, 1)
+        except KeyboardInterrupt:
+            sys.exit(130)
+        sys.exit(0)
+    """)
+    )
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=15) == 130
