@@ -15,7 +15,7 @@ from typing import Any
 import typer
 
 from gpulens import __version__
-from gpulens.cli import colocate, common, doctor, run, stalls
+from gpulens.cli import colocate, common, doctor, report, run, stalls
 from gpulens.cli.data import data_app
 from gpulens.cli.runs import runs_app
 from gpulens.report import failure, output
@@ -69,6 +69,7 @@ run.register_demo(app)
 doctor.register(app)  # doctor, workloads
 app.add_typer(data_app, name="data")
 app.add_typer(runs_app, name="runs", help="List, show, compare, export and sync stored runs.")
+report.register(app)
 
 
 # -------------------------------------------------------------------------------------- main

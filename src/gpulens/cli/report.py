@@ -1,0 +1,102 @@
+"""``gpulens report RUN... -o report.html``: the figures of stored runs in one HTML file."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import typer
+
+from gpulens.cli import common
+from gpulens.errors import UsageError
+
+REPORT_HELP = (
+    "Write one self-contained HTML file (works offline) with the figures of stored runs: GPU "
+    "activity, memory, power and clocks over time with each step's phases beneath, the "
+    "step-time distribution, the stall breakdown of `gpulens stalls` runs, loader stages per "
+    "worker, and a colocate experiment's alone/together throughputs, slowdown heat map and "
+    "fairness. With several runs, a comparison table marks the differences. Every figure "
+    "saves as PNG or SVG from its toolbar.\n\n"
+    "A RUN is a run id (or unique prefix, name, or 'latest'), a run directory, or a folder of "
+    "runs (e.g. the runs of one `gpulens stalls`).\n\n"
+    "\b\nExamples:\n"
+    "  gpulens report latest\n"
+    "  gpulens report 20261124-0812-ab12 20261124-0830-cd34 -o compare.html\n"
+    "  gpulens report ~/stalls-runs -o stalls.html\n\n"
+    "Needs plotly: pip install 'gpulens[ui]'."
+)
+
+
+def _records(refs: list[str]):
+    from gpulens.record.reader import list_records
+    from gpulens.record.schema import RUN_FILE
+    from gpulens.store.queries import find_run
+
+    records = []
+    for ref in refs:
+        path = Path(ref).expanduser()
+        if path.is_dir() and not (path / RUN_FILE).is_file():
+            found = list_records(path)
+            if not found:
+                raise UsageError(f"{ref} holds no gpulens runs: give a run id or a run directory")
+            records += found
+        else:
+            records.append(find_run(ref))
+    return records
+
+
+def report(
+    runs: list[str] = typer.Argument(..., help="Runs to show (ids, prefixes, names, folders)."),
+    out: Path = typer.Option(Path("report.html"), "--out", "-o", help="The HTML file to write."),
+    title: str = typer.Option(None, "--title", help="The page title [default: from the runs]."),
+    json_out: bool = typer.Option(False, "--json", help=common.JSON_HELP),
+) -> None:
+    try:
+        import plotly  # noqa: F401
+    except ImportError:
+        raise UsageError(
+            "gpulens report needs plotly, which this install lacks: pip install 'gpulens[ui]' "
+            "(a GPU node can record without it; make the report where plotly is installed)"
+        ) from None
+    from gpulens.report.document import build_report
+    from gpulens.report.html import render_html
+
+    records = _records(runs)
+    sections = build_report(records)
+    if title is None:
+        names = [str(r.meta.get("name") or r.run_id) for r in records]
+        title = "gpulens: " + (", ".join(names[:3]) + (" ..." if len(names) > 3 else ""))
+    page = render_html(sections, title)
+    out = out.expanduser()
+    if not out.parent.is_dir():
+        raise UsageError(f"cannot write {out}: folder {out.parent} does not exist")
+    # Written next to its place and renamed: an interrupted report leaves no half file.
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(page)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # as an ordinary file (mkstemp makes it private)
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    n_figures = sum(len(s.figures) for s in sections)
+    if json_out:
+        common.emit_json(
+            {"report": str(out), "runs": [r.run_id for r in records], "figures": n_figures,
+             "bytes": out.stat().st_size}
+        )  # fmt: skip
+        return
+    common.out.print(
+        f"wrote {out} ({n_figures} figures, {len(records)} runs, "
+        f"{out.stat().st_size / 1e6:.1f} MB): open it in a browser"
+    )
+
+
+def register(app: typer.Typer) -> None:
+    app.command(help=REPORT_HELP, short_help="One HTML file with the figures of stored runs.")(
+        report
+    )

@@ -1,0 +1,247 @@
+"""What a report shows for a set of run records: sections of facts, figures and notes.
+
+Which figures for which run:
+- every run with a GPU or step series: its timeline (GPU activity, memory, power, SM clock,
+  step phases beneath) and a table of its summary;
+- every run with loader prep timing: time per sample per stage and worker;
+- all runs with steps together: the step-time distribution (overlaid);
+- the stall runs among them (role ``stalls:*``): the stall breakdown with 95% intervals;
+- a colocate experiment: alone vs together, the slowdown heat map, combined throughput and
+  fairness;
+- two runs or more: one comparison table, differences from the first run marked.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from gpulens.record.reader import RunRecord, read_prep
+from gpulens.report import figures
+
+# A difference from the first run is marked when it exceeds both intervals' half-widths, or
+# this share where no interval is known.
+MARK_WITHOUT_CI = 0.05
+# The runs every stall breakdown needs: the GPU fed from memory, and the loader from cache.
+STALL_BASE_ROLES = ("ingestion_free", "cached")
+
+
+@dataclass
+class Section:
+    title: str
+    facts: list[tuple[str, str]] = field(default_factory=list)
+    figures: list[Any] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    # A comparison: column headers, rows of cells, and which cells to mark.
+    table: list[list[str]] | None = None
+    marked: set[tuple[int, int]] = field(default_factory=set)
+
+
+def _fmt(value: Any, spec: str = "{:,.1f}", scale: float = 1.0) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "n/a"
+    return spec.format(value * scale)
+
+
+def _labels(records: list[RunRecord]) -> list[str]:
+    """Run names, with the run id's end added where two runs share a name."""
+    names = [str(r.meta.get("name") or r.run_id) for r in records]
+    return [
+        f"{n} ({r.run_id[-6:]})" if names.count(n) > 1 else n
+        for n, r in zip(names, records, strict=True)
+    ]
+
+
+def _title(record: RunRecord) -> str:
+    meta = record.meta
+    name = meta.get("name") or record.run_id
+    return f"{name} ({meta.get('kind', 'run')}, {record.status}) · {record.run_id}"
+
+
+def _facts(record: RunRecord) -> list[tuple[str, str]]:
+    s = record.meta.get("summary") or {}
+    env = record.meta.get("environment") or {}
+    gpu = s.get("gpu") or {}
+    phases = s.get("phases_s") or {}
+    tput = s.get("throughput_samples_per_s")
+    ci = s.get("throughput_ci95_pct")
+    facts = [
+        ("workload", str(s.get("workload") or record.meta.get("name") or "n/a")),
+        ("device", str(gpu.get("name") or env.get("gpu_model") or s.get("device") or "n/a")),
+        ("batch size x processes", f"{s.get('batch_size', 'n/a')} x {s.get('processes', 1)}"),
+        ("precision", str(s.get("precision") or "n/a")),
+        ("throughput samples/s", _fmt(tput) + (f" ± {ci:.1f}%" if ci else "")),
+        ("step ms", _fmt(phases.get("step"), scale=1000, spec="{:,.2f}")),
+        (
+            "data wait / copy / compute ms",
+            " / ".join(
+                _fmt(phases.get(p), scale=1000, spec="{:,.2f}")
+                for p in ("data_wait", "h2d", "compute")
+            ),
+        ),  # fmt: skip
+        (
+            "GPU util / SM activity %",
+            f"{_fmt(gpu.get('gpu_util_pct'))} / {_fmt(gpu.get('sm_activity_pct'))}",
+        ),  # fmt: skip
+        ("MFU %", _fmt(s.get("mfu"), scale=100)),
+        ("energy J/sample", _fmt(gpu.get("energy_per_sample_j"), "{:.3f}")),
+        ("measured steps", str(s.get("measured_steps", "n/a"))),
+        ("stop reason", str(s.get("stop_reason") or "n/a")),
+    ]
+    if record.meta.get("error"):
+        facts.append(("error", str(record.meta["error"])))
+    return facts
+
+
+def _series(record: RunRecord, name: str) -> pd.DataFrame | None:
+    if name not in record.series_names():
+        return None
+    df = record.series(name)
+    return df if not df.empty else None
+
+
+def run_section(record: RunRecord) -> Section:
+    """One run: its summary facts, timeline and (with prep timing) its loader stages."""
+    section = Section(_title(record), facts=_facts(record))
+    gpu, steps = _series(record, "gpu"), _series(record, "steps")
+    timeline = figures.timeline_figure(gpu, steps, "GPU and steps over time")
+    if timeline is not None:
+        section.figures.append(timeline)
+    else:
+        section.notes.append("no GPU or step series in this record")
+    prep = read_prep(record.dir)
+    prep_fig = figures.prep_figure(prep if not prep.empty else None, "loader stages per worker")
+    if prep_fig is not None:
+        section.figures.append(prep_fig)
+    for kind, why in (record.meta.get("unsupported") or {}).items():
+        section.notes.append(f"{kind} not measured: {why}")
+    return section
+
+
+def colocate_section(record: RunRecord) -> Section:
+    doc = (record.meta.get("summary") or {}).get("colocate") or {}
+    section = Section(_title(record))
+    gpu = doc.get("gpu") or {}
+    section.facts = [
+        ("GPU", str(gpu.get("name") or doc.get("device") or "n/a")),
+        ("jobs", ", ".join(j.get("key", j.get("name", "?")) for j in doc.get("jobs") or [])),
+        ("seconds per run", str(doc.get("duration_s", "n/a"))),
+    ]
+    if doc.get("recommendation"):
+        section.facts.append(("recommendation", str(doc["recommendation"])))
+    section.figures = figures.colocate_figures(doc)
+    section.notes += [str(w) for w in doc.get("warnings") or []]
+    if not section.figures:
+        section.notes.append("no mechanism was measured together: nothing to compare")
+    return section
+
+
+def stall_section(records: list[RunRecord]) -> Section | None:
+    """The breakdown over the stall runs given (one experiment's runs)."""
+    from gpulens.stalls import StallAnalysis
+
+    analysis = StallAnalysis.from_results(r.result() for r in records)
+    if not analysis.runs:
+        return None
+    missing = [role for role in STALL_BASE_ROLES if role not in analysis.runs]
+    if missing:
+        return Section("stall breakdown", notes=[
+            f"no breakdown: the runs given include no {' or '.join(missing)} run; give all the "
+            "runs of one `gpulens stalls` (e.g. the folder they are in)"
+        ])  # fmt: skip
+    breakdown = analysis.breakdown()
+    section = Section("stall breakdown", notes=list(breakdown.get("notes") or []))
+    shares, cis = breakdown.get("breakdown_pct") or {}, breakdown.get("breakdown_ci95_pp") or {}
+    section.facts = [
+        (part.replace("_", " "), f"{share:.1f}% ± {cis.get(part, float('nan')):.1f} pp")
+        for part, share in shares.items()
+        if share is not None
+    ]
+    section.facts += [(f"{role} runs", ", ".join(ids)) for role, ids in breakdown["runs"].items()]
+    workload = next((r.meta.get("summary", {}).get("workload") for r in records), None)
+    fig = figures.stall_figure({str(workload or "runs"): breakdown})
+    if fig is not None:
+        section.figures.append(fig)
+    else:
+        section.notes.append(
+            "the breakdown needs an ingestion-free and a cached run at least: run `gpulens stalls`"
+        )
+    return section
+
+
+COMPARED = (
+    ("throughput samples/s", ("throughput_samples_per_s",), "throughput_ci95_pct", 1.0),
+    ("step ms", ("phases_s", "step"), None, 1000.0),
+    ("data wait ms", ("phases_s", "data_wait"), None, 1000.0),
+    ("GPU util %", ("gpu", "gpu_util_pct"), None, 1.0),
+    ("SM activity %", ("gpu", "sm_activity_pct"), None, 1.0),
+    ("MFU %", ("mfu",), None, 100.0),
+    ("energy J/sample", ("gpu", "energy_per_sample_j"), None, 1.0),
+)
+
+
+def _get(doc: dict[str, Any], path: tuple[str, ...]) -> Any:
+    for key in path:
+        if not isinstance(doc, dict):
+            return None
+        doc = doc.get(key)
+    return doc
+
+
+def comparison_section(records: list[RunRecord]) -> Section:
+    """Key figures of each run side by side; a cell is marked where it differs from the first
+    run by more than the runs' intervals (or 5% where there is none)."""
+    labels = _labels(records)
+    header = ["", *labels]
+    rows: list[list[str]] = [header]
+    marked: set[tuple[int, int]] = set()
+    for i, (label, path, ci_key, scale) in enumerate(COMPARED, start=1):
+        values = [_get(r.meta.get("summary") or {}, path) for r in records]
+        cis = [(r.meta.get("summary") or {}).get(ci_key) if ci_key else None for r in records]
+        row = [label]
+        for j, v in enumerate(values):
+            cell = _fmt(v, "{:,.2f}", scale)
+            base = values[0]
+            if j and isinstance(v, (int, float)) and isinstance(base, (int, float)) and base:
+                change = v / base - 1
+                cell += f" ({100 * change:+.1f}%)"
+                limit = (
+                    ((cis[0] or 0) + (cis[j] or 0)) / 100 if cis[0] and cis[j] else MARK_WITHOUT_CI
+                )
+                if abs(change) > limit:
+                    marked.add((i, j + 1))
+            row.append(cell)
+        rows.append(row)
+    section = Section("comparison", table=rows, marked=marked)
+    step_times = {}
+    for label, r in zip(labels, records, strict=True):
+        steps = _series(r, "steps")
+        if steps is not None:
+            measured = steps[~steps["warmup"].astype(bool)] if "warmup" in steps else steps
+            step_times[label] = 1000 * measured["step_time_s"]
+    fig = figures.step_time_figure(step_times)
+    if fig is not None:
+        section.figures.append(fig)
+    return section
+
+
+def build_report(records: list[RunRecord]) -> list[Section]:
+    """The sections for these records, in the order given; a comparison first for several."""
+    runs = [r for r in records if r.meta.get("kind") != "colocate"]
+    sections: list[Section] = []
+    if len(runs) >= 2:
+        sections.append(comparison_section(runs))
+    stall_runs = [r for r in runs if str(r.meta.get("role") or "").startswith("stalls:")]
+    if stall_runs:
+        stall = stall_section(stall_runs)
+        if stall is not None:
+            sections.append(stall)
+    for r in records:
+        sections.append(colocate_section(r) if r.meta.get("kind") == "colocate" else run_section(r))
+    if len(runs) == 1:
+        only = comparison_section(runs)
+        sections[-1].figures += only.figures  # the step-time distribution of the one run
+    return sections

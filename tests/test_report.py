@@ -1,0 +1,182 @@
+"""`gpulens report`: figures built from records made on a real H100, and the HTML file."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("plotly", reason="the report needs the [ui] extra (in [dev])")
+
+from gpulens.cli import main  # noqa: E402
+from gpulens.record.reader import RunRecord, read_record  # noqa: E402
+from gpulens.report import document, figures  # noqa: E402
+
+FIXTURES = Path(__file__).parent / "fixtures"
+JPEG = FIXTURES / "record_h100_resnet50_jpeg"
+SYNTHETIC = FIXTURES / "record_h100_resnet50_synthetic"
+# The three runs of `gpulens stalls resnet50 --data JPEGs --precision bf16` on an H100
+# (benchmarks/refactor_check.sh, 2026-11-24), prep series left out.
+STALLS = FIXTURES / "stalls_h100_resnet50_s8"
+RESULTS = Path(__file__).parents[1] / "benchmarks" / "results"
+COLOCATE = RESULTS / "colocate-resnet50_resnet18-s8-8339c1c-NVIDIA_H100_80GB_HBM3-2026-11-24.json"
+
+
+def _traces(fig, kind=None):
+    return [t for t in fig.data if kind is None or t.type == kind]
+
+
+def test_timeline_draws_every_gpu_sample_and_every_measured_step():
+    record = read_record(JPEG)
+    gpu, steps = record.series("gpu"), record.series("steps")
+    fig = figures.timeline_figure(gpu, steps, "t")
+    names = {t.name for t in fig.data}
+    assert {"SM activity", "tensor-core activity", "DRAM bandwidth", "memory used", "power",
+            "SM clock", "data wait", "h2d", "compute"} <= names  # fmt: skip
+    util = next(t for t in fig.data if t.name.startswith("GPU utilization"))
+    assert len(util.x) == len(gpu) and list(util.y) == list(gpu["gpu_util_pct"])
+    bars = _traces(fig, "bar")
+    measured = steps[~steps["warmup"]]
+    assert all(len(b.x) == len(measured) for b in bars)
+    # The phases stack to each step's time (a loader-bound run: mostly data wait).
+    total_ms = sum(sum(b.y) for b in bars)
+    assert total_ms == pytest.approx(
+        1000 * measured[["data_wait_s", "h2d_s", "compute_s"]].sum().sum()
+    )
+    assert min(util.x) >= 0  # time from the run's first sample or step
+
+
+def test_an_hour_of_steps_is_averaged_into_bins_with_the_same_mean():
+    import pandas as pd
+
+    n = 36_000
+    steps = pd.DataFrame({
+        "time_unix_s": [0.1 * i for i in range(n)], "warmup": [False] * n,
+        "data_wait_s": [0.01 * (i % 7) for i in range(n)], "h2d_s": [0.001] * n,
+        "compute_s": [0.05] * n, "step_time_s": [0.1] * n,
+    })  # fmt: skip
+    phases = figures.step_phases(steps, 0.0)
+    assert len(phases) == figures.MAX_STEP_BARS
+    assert phases["data_wait_ms"].mean() == pytest.approx(1000 * steps["data_wait_s"].mean())
+    # The bins tile the run: their widths add up to its measured time.
+    assert phases["width_s"].sum() == pytest.approx(steps["step_time_s"].sum())
+
+
+def test_stall_figure_shows_the_stored_breakdown_with_its_intervals():
+    section = document.stall_section([read_record(p) for p in sorted(STALLS.iterdir())])
+    (fig,) = section.figures
+    stored = json.loads(next(RESULTS.glob("stalls-*-s8-8339c1c-*.json")).read_text())["result"]
+    bars = {t.name: t for t in fig.data}
+    assert set(bars) == {"compute", "prep stall", "fetch stall"}
+    for part in ("compute", "prep_stall", "fetch_stall"):
+        bar = bars[part.replace("_", " ")]
+        assert bar.x[0] == pytest.approx(stored["breakdown_pct"][part])
+        assert bar.error_x.array[0] == pytest.approx(stored["breakdown_ci95_pp"][part])
+    assert sum(b.x[0] for b in fig.data) == pytest.approx(100)
+
+
+def test_colocate_figures_give_each_job_and_mechanism_its_slowdown():
+    doc = json.loads(COLOCATE.read_text())["result"]
+    bars, heat_fig, combined = figures.colocate_figures(doc)
+    (heat,) = heat_fig.data
+    labels = list(heat.x)
+    assert labels[:2] == ["time-slice", "streams"] and len(labels) == len(doc["results"])
+    for row, job in zip(heat.z, heat.y, strict=True):
+        for label, value in zip(labels, row, strict=True):
+            result = doc["results"][labels.index(label)]
+            stored = next(j for j in result["jobs"] if j["name"] == job)
+            assert value == pytest.approx(stored["slowdown"])
+    fairness = next(t for t in combined.data if t.name == "Jain fairness")
+    assert list(fairness.y) == [r["jain_fairness"] for r in doc["results"]]
+
+
+def test_comparison_marks_differences_beyond_the_intervals():
+    a, b = read_record(JPEG), read_record(SYNTHETIC)
+    section = document.comparison_section([a, b])
+    header, tput, *_ = section.table
+    ta, tb = (r.meta["summary"]["throughput_samples_per_s"] for r in (a, b))
+    assert tput[1].startswith(f"{ta:,.2f}") and f"({100 * (tb / ta - 1):+.1f}%)" in tput[2]
+    assert (1, 2) in section.marked  # JPEGs from disk vs synthetic data: far apart
+    same = document.comparison_section([a, a])
+    assert not same.marked
+
+
+def test_report_command_writes_one_offline_html_file(tmp_path, capsys):
+    out = tmp_path / "r.html"
+    runs = [str(JPEG), str(SYNTHETIC), str(STALLS)]
+    assert main(["report", *runs, "-o", str(out), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    page = out.read_text()
+    assert doc["figures"] == len(re.findall(r"id=\"figure-\d+\"", page)) >= 6
+    assert len(doc["runs"]) == 5
+    # plotly.js inlined, nothing fetched: no script or stylesheet from the network.
+    assert "Plotly" in page and not re.search(r"<(script|link)[^>]+(src|href)=.https?:", page)
+    assert "stall breakdown" in page and "comparison" in page
+    assert oct(out.stat().st_mode & 0o777) != oct(0o600)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["report", "no-such-run"], "no runs stored"),
+        (["report", str(JPEG), "-o", "/nonexistent/dir/r.html"], "does not exist"),
+    ],
+)
+def test_report_usage_errors_are_one_line(args, message, capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("GPULENS_HOME", str(tmp_path))
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_report_without_plotly_names_the_extra(capsys, monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "plotly", None)
+    assert main(["report", str(JPEG), "-o", str(tmp_path / "r.html")]) == 2
+    assert "pip install 'gpulens[ui]'" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_record_without_series_gets_a_note_not_a_figure(tmp_path):
+    record = RunRecord(tmp_path, {"run_id": "x", "status": "failed", "kind": "train",
+                                  "error": "boom", "summary": {}})  # fmt: skip
+    section = document.run_section(record)
+    assert not section.figures and "no GPU or step series" in section.notes[0]
+    assert ("error", "boom") in section.facts
+
+
+def test_stall_runs_of_an_incomplete_experiment_get_a_note():
+    paired = [read_record(p) for p in sorted(STALLS.iterdir())][-1:]
+    section = document.stall_section(paired)
+    assert not section.figures and "no ingestion_free or cached run" in section.notes[0]
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt install chromium)")
+def test_the_report_renders_in_a_headless_browser_without_errors(tmp_path):
+    """Every figure of a report on real H100 runs is drawn by plotly in Chromium, offline, and
+    the page logs no JavaScript error."""
+    out = tmp_path / "r.html"
+    assert main(["report", str(JPEG), str(STALLS), "-o", str(out)]) == 0
+    figures_in_page = len(re.findall(r"id=\"figure-\d+\"", out.read_text()))
+    proc = subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+         "--no-first-run", "--disable-background-networking", "--disable-component-update",
+         "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr",
+         "--v=0", "--virtual-time-budget=10000", "--dump-dom", out.as_uri()],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    dom, log = proc.stdout, proc.stderr
+    console = [line for line in log.splitlines() if ":CONSOLE" in line]
+    assert not [line for line in console if "Uncaught" in line or "Error" in line], console
+    # plotly replaced each figure's div with a drawn plot (an SVG root per figure at least).
+    drawn = len(re.findall(r'class="plot-container plotly"', dom))
+    assert drawn == figures_in_page >= 6
+    assert dom.count('class="trace bars') >= 6  # the step phases and the stall segments
