@@ -12,6 +12,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from rich.console import Console
+from signals import default_sigint
 
 import gpulens
 import gpulens.cli.common as common
@@ -252,6 +253,7 @@ def test_ctrl_c_of_a_real_run_exits_130_with_a_killed_record(tmp_path):
             "--json",
         ],
         env=env,
+        preexec_fn=default_sigint,  # as under a terminal, even when CI runs in the background
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

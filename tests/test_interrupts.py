@@ -11,16 +11,18 @@ import textwrap
 import time
 
 import pytest
+from signals import default_sigint, python_sigint_handler
 
 from gpulens.run import interrupts
 
 
 @pytest.fixture
 def installed():
-    assert interrupts.install()
-    yield
-    interrupts.uninstall()
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with python_sigint_handler():  # not inherited as ignored from a background shell
+        assert interrupts.install()
+        yield
+        interrupts.uninstall()
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def _sigint_self() -> None:
@@ -64,11 +66,20 @@ def test_a_launchers_own_handler_is_left_alone():
         signal.signal(signal.SIGINT, old)
 
 
-def test_the_cli_restores_pythons_handler(capsys):
+def test_the_cli_restores_the_handler_it_found(capsys):
     from gpulens.cli import main
 
-    assert main(["--version"]) == 0
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with python_sigint_handler():
+        assert main(["--version"]) == 0
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    # Ignored (a job started in the background with nohup): gpulens leaves it ignored.
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        assert not interrupts.install()
+        assert main(["--version"]) == 0
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, old)
 
 
 def test_ctrl_c_during_a_step_that_swallows_it_stops_the_measured_loop(tmp_path):
@@ -113,7 +124,9 @@ def test_ctrl_c_during_a_step_that_swallows_it_stops_the_measured_loop(tmp_path)
         sys.exit(0)
     """)
     )
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, text=True, preexec_fn=default_sigint
+    )
     assert proc.stdout.readline().strip() == "ready"
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=15) == 130
