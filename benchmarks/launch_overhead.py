@@ -240,6 +240,7 @@ def run_blocks(
     runs_root: Path,
     gpu_every: int | None = None,
     sampler_throughout: bool = False,
+    sampler_only: str | None = None,
 ) -> dict:
     """One model; short blocks alternate plain / instrumented (ABBA), so host drift, which
     moves whole trials by +-10% on a shared host, cancels within a pair. Instrumented = what
@@ -247,7 +248,10 @@ def run_blocks(
     and stopped outside the timed block), the step timer writing its series, the loop's checks.
     One step timer serves all instrumented blocks, so it is calibrated once, as in a run.
     ``sampler_throughout``: the sampler runs across all blocks, plain ones too, so the blocks
-    differ by the step timer alone (its cost, free of the sampler's start-up)."""
+    differ by the step timer alone (its cost, free of the sampler's start-up).
+    ``sampler_only``: instrumented = the plain step with only a sampler running (started
+    outside the timed block): ``host`` (host probe), ``gpu_no_gpm`` (GPU probe without GPM, and
+    the host), ``gpu`` (both probes, as in a run): what each part of the sampler costs."""
     from gpulens.probes.monitor import Monitor, ProbeSpec
     from gpulens.probes.steps import StepTimer
     from gpulens.record.schema import STEPS_SCHEMA
@@ -267,8 +271,11 @@ def run_blocks(
     series = writer.series("steps", STEPS_SCHEMA)
     timer = StepTimer(series, cuda=DEVICE.type == "cuda", warmup_steps=0, gpu_every=gpu_every)
     probes = [ProbeSpec("host", {"root_pid": os.getpid()})]
-    if DEVICE.type == "cuda":
-        probes.insert(0, ProbeSpec("gpu", {"indices": [DEVICE.index or 0]}))
+    if DEVICE.type == "cuda" and sampler_only != "host":
+        gpu_options: dict[str, Any] = {"indices": [DEVICE.index or 0]}
+        if sampler_only == "gpu_no_gpm":
+            gpu_options["gpm"] = False
+        probes.insert(0, ProbeSpec("gpu", gpu_options))
 
     background = Monitor(writer, probes, hz=10.0).start() if sampler_throughout else None
 
@@ -278,7 +285,7 @@ def run_blocks(
         sync()
         start = time.perf_counter()
         for i in range(steps):
-            if instrumented:
+            if instrumented and sampler_only is None:
                 timer.begin_step()
                 x, y = pool[i % len(pool)]
                 timer.batch_ready()
@@ -306,6 +313,7 @@ def run_blocks(
     writer.finish()
     return {
         "sampler_throughout": sampler_throughout,
+        "sampler_only": sampler_only,
         "steps_per_block": steps,
         "plain_samples_per_s": [round(r, 2) for r in plain_rates],
         "instrumented_samples_per_s": [round(r, 2) for r in inst_rates],
@@ -355,6 +363,13 @@ def main() -> int:
     )
     ap.add_argument("--block-s", type=float, default=0.5)
     ap.add_argument("--no-whole-runs", action="store_true", help="only the blocks")
+    ap.add_argument(
+        "--sampler-blocks",
+        default="",
+        help="sampler-only block modes to run (host,gpu_no_gpm,gpu): the plain step against "
+        "the plain step with only that sampler running",
+    )
+    ap.add_argument("--no-timer-blocks", action="store_true", help="skip the blocks of --blocks")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     os.environ.setdefault("GPULENS_STORE", "0")
@@ -412,7 +427,14 @@ def main() -> int:
                     t.get("gpu_timing_every_n_steps") for t in trials[arm]
                 ],
             }
-        if args.blocks:
+        for mode in [m for m in args.sampler_blocks.split(",") if m]:
+            key = f"blocks_sampler_{mode}"
+            out[key] = run_blocks(
+                case, args.blocks, args.block_s, tmp / "blocks", sampler_only=mode
+            )
+            b = out[key]
+            print(f"  {key}: ratio {b['ratio_median']} {b['ratio_ci95']}", flush=True)
+        if args.blocks and not args.no_timer_blocks:
             out["blocks"] = run_blocks(case, args.blocks, args.block_s, tmp / "blocks")
             out["blocks_timer_only"] = run_blocks(
                 case, args.blocks, args.block_s, tmp / "blocks", sampler_throughout=True
@@ -444,14 +466,16 @@ def main() -> int:
                 f"{name:<9} {arm:>12} {rate:10.1f} {a['ratio_median']:6.3f} {ci_s:>16} "
                 f"{us_s:>7} {ev_s:>5}"
             )
-        for label in ("blocks", "blocks_timer_only", "blocks_every_step"):
+        labels = [k for k in out if k.startswith("blocks_sampler_")]
+        for label in ("blocks", "blocks_timer_only", "blocks_every_step", *labels):
             if label not in out:
                 continue
             b, ci = out[label], out[label]["ratio_ci95"]
             ci_s = f"[{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "-"
             rate = statistics.median(b["instrumented_samples_per_s"])
             print(
-                f"{name:<9} {label[:12]:>12} {rate:10.1f} {b['ratio_median']:6.3f} {ci_s:>16} "
+                f"{name:<9} {label.removeprefix('blocks_')[:12]:>12} {rate:10.1f} "
+                f"{b['ratio_median']:6.3f} {ci_s:>16} "
                 f"{b['tracking_us_per_step'] or 0:7.0f} {b['gpu_timing_every_n_steps'] or '-':>5}"
             )
     return 0

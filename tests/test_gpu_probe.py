@@ -454,3 +454,12 @@ def test_describe_gpus(fake: FakeNvml, clock: Clock) -> None:
     }
     assert fake.live_inits == 0
     assert nvml_status() == (True, "NVML ok: driver 580.159.04, 1 GPU(s)")
+
+
+def test_gpm_turned_off_is_never_sampled_and_says_why(fake: FakeNvml, clock: Clock) -> None:
+    probe = open_probe(clock, gpm=False)
+    assert {probe.unsupported[col] for col in GPM_COLUMNS} == {"GPM sampling was turned off"}
+    first, second = take(probe, clock, 2)
+    assert all(second[col] is None for col in GPM_COLUMNS)
+    assert second["gpu_util_pct"] == 97.0 and second["power_w"] == 650.0
+    assert not any(name.startswith("nvmlGpm") and n for name, n in fake.calls.items())

@@ -44,6 +44,7 @@ from gpulens.probes.nvml.gpm import (
     GPM_COLUMNS,
     finish_gpm_probe,
     free_gpm,
+    mark_gpm_unsupported,
     sample_gpm,
     start_gpm_probe,
 )
@@ -133,6 +134,7 @@ class NvmlGpuProbe:
         gpm_zero_window_s: float = 0.5,
         pcie_throughput_fallback: bool = True,
         energy_every_n: int = 1,
+        gpm: bool = True,
     ):
         """Open handles and probe each metric once; ``nvml`` is an initialised pynvml module.
 
@@ -142,6 +144,8 @@ class NvmlGpuProbe:
         ``pcie_throughput_fallback``: use nvmlDeviceGetPcieThroughput (about 20 ms per call)
         where neither GPM nor PCIe byte counters exist. ``energy_every_n``: read the energy
         counter (a slow call) only every n-th sample; the rows between hold null for it.
+        ``gpm``: False leaves GPM off (SM, tensor and DRAM activity unmeasured, with the
+        reason), e.g. to measure what GPM sampling costs the workload.
         """
         self._nvml = nvml
         self._monotonic = monotonic
@@ -161,7 +165,10 @@ class NvmlGpuProbe:
             for gpu in self._gpus:
                 self._probe_basic(gpu)
                 self._probe_fields(gpu)
-                start_gpm_probe(self._nvml, gpu)
+                if gpm:
+                    start_gpm_probe(self._nvml, gpu)
+                else:
+                    mark_gpm_unsupported(self._nvml, gpu, "GPM sampling was turned off")
             if any(gpu.gpm_prev is not None for gpu in self._gpus):
                 sleep(gpm_probe_window_s)
             for gpu in self._gpus:
