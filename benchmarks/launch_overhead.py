@@ -13,7 +13,8 @@ order alternating from pair to pair (AB, BA, ...), so slow drift of the host can
 - variants of the ``gpulens`` arm, to find what costs (``--ablations``): ``every_step`` (CUDA
   events on every step, as before issue 19), ``no_gpu_probe`` (the sampler samples the host
   only: no NVML calls), ``no_sampler`` (no sampler process), ``host_timer`` (the step timer
-  without CUDA events), ``bare`` (no sampler, no CUDA events).
+  without CUDA events), ``bare`` (no sampler, no CUDA events), ``no_flops`` (no FLOP count on
+  the first warm-up step), ``no_progress`` (no progress callback).
 
 Every arm runs the same number of steps after the same warm-up; throughput is measured steps x
 batch / measured wall time (synchronised at both ends) for every arm, so the arms are timed alike.
@@ -209,6 +210,7 @@ def run_gpulens(case: dict, steps: int, runs_root: Path, arm: str = "gpulens") -
         data="synthetic",
         device=str(DEVICE),
         name=f"overhead-{arm}",
+        count_flops=arm != "no_flops",
     )
     # The CLI's progress off a terminal (what a batch job, a notebook or this call sees).
     console = Console(file=io.StringIO(), force_terminal=False)
@@ -218,7 +220,8 @@ def run_gpulens(case: dict, steps: int, runs_root: Path, arm: str = "gpulens") -
             progress.count(step, total)
 
         with ablated(arm):
-            result = run_training(config, runs_root, progress=on_step)
+            callback = None if arm == "no_progress" else on_step
+            result = run_training(config, runs_root, progress=callback)
     s = result.summary
     wall_s = s["measured_wall_s"]
     return {
