@@ -1,4 +1,5 @@
-"""``gpulens report RUN... -o report.html``: the figures of stored runs in one HTML file."""
+"""``gpulens report RUN... -o report.html`` (the figures of stored runs in one HTML file) and
+``gpulens export RUN --perfetto trace.json`` (a run as a trace)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,26 @@ REPORT_HELP = (
     "  gpulens report ~/stalls-runs -o stalls.html\n\n"
     "Needs plotly: pip install 'gpulens[ui]'."
 )
+
+
+def _write_whole(out: Path, text: str) -> Path:
+    """Write ``text`` to ``out`` next to its place and rename it: an interrupted write leaves
+    no half file."""
+    out = out.expanduser()
+    if not out.parent.is_dir():
+        raise UsageError(f"cannot write {out}: folder {out.parent} does not exist")
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # as an ordinary file (mkstemp makes it private)
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return out
 
 
 def _records(refs: list[str]):
@@ -68,21 +89,7 @@ def report(
         names = [str(r.meta.get("name") or r.run_id) for r in records]
         title = "gpulens: " + (", ".join(names[:3]) + (" ..." if len(names) > 3 else ""))
     page = render_html(sections, title)
-    out = out.expanduser()
-    if not out.parent.is_dir():
-        raise UsageError(f"cannot write {out}: folder {out.parent} does not exist")
-    # Written next to its place and renamed: an interrupted report leaves no half file.
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(page)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # as an ordinary file (mkstemp makes it private)
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    out = _write_whole(out, page)
     n_figures = sum(len(s.figures) for s in sections)
     if json_out:
         common.emit_json(
@@ -96,7 +103,41 @@ def report(
     )
 
 
+EXPORT_HELP = (
+    "Write a stored run as a Chrome/Perfetto trace: each step with its data wait, copy and "
+    "compute, each loader worker's read, decode, augment and collate, and the GPU and host "
+    "counters (activity, memory, power, clocks, PCIe, CPU, disk) on one time line. Open it at "
+    "https://ui.perfetto.dev or chrome://tracing.\n\n"
+    "\b\nExample:\n"
+    "  gpulens export latest --perfetto trace.json\n\n"
+    "Other formats (a copy, CSV, Parquet, JSON): gpulens runs export."
+)
+
+
+def export(
+    run: str = typer.Argument(..., help="Run id, unique prefix, name, 'latest' or a run dir."),
+    perfetto: Path = typer.Option(
+        ..., "--perfetto", help="The trace file to write (JSON, trace-event format)."
+    ),
+    json_out: bool = typer.Option(False, "--json", help=common.JSON_HELP),
+) -> None:
+    import json
+
+    from gpulens.report.perfetto import perfetto_trace
+    from gpulens.store.queries import find_run
+
+    record = find_run(run)
+    trace = perfetto_trace(record)
+    out = _write_whole(perfetto, json.dumps(trace, separators=(",", ":")))
+    n = len(trace["traceEvents"])
+    if json_out:
+        common.emit_json({"run_id": record.run_id, "perfetto": str(out), "events": n})
+        return
+    common.out.print(f"wrote {out} ({n:,} events): open it at https://ui.perfetto.dev")
+
+
 def register(app: typer.Typer) -> None:
     app.command(help=REPORT_HELP, short_help="One HTML file with the figures of stored runs.")(
         report
     )
+    app.command(help=EXPORT_HELP, short_help="A run as a Perfetto/Chrome trace.")(export)
