@@ -308,14 +308,26 @@ def test_key_and_value_limits():
 def test_downsampled_series_metrics():
     points = mlflow_payload.series_metrics(queries.find_run(IDS["a"]))
     keys = {p[0] for p in points}
-    assert {"gpu0/gpu_util_pct", "gpu1/power_w", "host/cpu_util_pct", "steps/step_time_s"} <= keys
+    assert {
+        "system/gpu_0_utilization_percentage", "system/gpu_1_power_usage_watts",
+        "system/cpu_utilization_percentage", "steps/step_time_s",
+    } <= keys  # fmt: skip
+    assert not [k for k in keys if k.startswith(("gpu0/", "host/"))]
     assert not any("sm_activity_pct" in k for k in keys)  # all null: unsupported, not zero
     per_key = pd.Series([p[0] for p in points]).value_counts()
     assert per_key.max() <= mlflow_payload.MAX_SERIES_POINTS
-    assert per_key["gpu0/gpu_util_pct"] == 500
+    assert per_key["system/gpu_0_utilization_percentage"] == 500
     assert per_key["steps/step_time_s"] == 20
     steps = sorted(p[3] for p in points if p[0] == "steps/step_time_s")
     assert steps == list(range(20))
+
+
+def test_system_metric_names_follow_mlflow_where_the_quantity_is_the_same():
+    key = mlflow_payload.system_metric_key
+    assert key("gpu", "mem_used_bytes", 1) == ("system/gpu_1_memory_usage_megabytes", 1e-6)
+    assert key("gpu", "tensor_activity_pct", 0) == ("system/gpu_0_tensor_activity_pct", 1.0)
+    assert key("host", "cpu_util_pct") == ("system/cpu_utilization_percentage", 1.0)
+    assert key("host", "net_rx_bytes_per_s") == ("system/host_net_rx_bytes_per_s", 1.0)
 
 
 @pytest.fixture(scope="module")
@@ -359,7 +371,7 @@ def test_sync_logs_params_metrics_tags_artifacts(synced, tracking_uri, store_hom
     assert "record/run.json" in artifacts
     series_files = {f.path for f in client.list_artifacts(run.info.run_id, "record/series")}
     assert "record/series/gpu.parquet" in series_files
-    history = client.get_metric_history(run.info.run_id, "gpu1/power_w")
+    history = client.get_metric_history(run.info.run_id, "system/gpu_1_power_usage_watts")
     assert 0 < len(history) <= mlflow_payload.MAX_SERIES_POINTS
     # artifacts live next to the database, not in the working directory
     assert not (Path.cwd() / "mlruns").exists()

@@ -5,10 +5,11 @@ time series as step metrics. No MLflow here; :mod:`gpulens.store.mlflow_sink` se
 
 from __future__ import annotations
 
+import functools
 import json
 import posixpath
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any
 
@@ -48,6 +49,19 @@ HOST_SERIES_COLUMNS = (
     "net_tx_bytes_per_s",
 )
 STEPS_SERIES_COLUMNS = ("step_time_s", "gpu_step_time_s", "data_wait_s", "h2d_s", "compute_s")
+# MLflow's UI shows metrics under ``system/`` in its "System metrics" section; where gpulens
+# samples the quantity MLflow's own system-metrics monitor logs, it takes MLflow's name and unit
+# (megabytes: 10^6 bytes), so both read alike. The rest keep gpulens's column names.
+SYSTEM_PREFIX = "system/"
+MLFLOW_GPU_NAMES = {
+    "gpu_util_pct": ("utilization_percentage", 1.0),
+    "mem_used_bytes": ("memory_usage_megabytes", 1e-6),
+    "power_w": ("power_usage_watts", 1.0),
+}
+MLFLOW_HOST_NAMES = {
+    "cpu_util_pct": ("cpu_utilization_percentage", 1.0),
+    "mem_used_bytes": ("system_memory_usage_megabytes", 1e-6),
+}
 _BAD_KEY_CHARS = re.compile(r"[^\w./\- ]")
 
 
@@ -134,12 +148,27 @@ def downsample(df: pd.DataFrame, max_points: int = MAX_SERIES_POINTS) -> pd.Data
     return df.select_dtypes("number").groupby(bins).mean().reset_index(drop=True)
 
 
+def system_metric_key(source: str, column: str, gpu_index: int | None = None) -> tuple[str, float]:
+    """The MLflow key of a sampled column, and the factor its values take: GPU columns become
+    ``system/gpu_<index>_<name>``, host columns ``system/<name>`` (MLflow's names where it logs
+    the same quantity, e.g. ``system/gpu_0_utilization_percentage``; otherwise
+    ``system/gpu_0_sm_activity_pct``, ``system/host_disk_read_bytes_per_s``)."""
+    if source == "gpu":
+        name, scale = MLFLOW_GPU_NAMES.get(column, (column, 1.0))
+        return f"{SYSTEM_PREFIX}gpu_{gpu_index}_{name}", scale
+    if column in MLFLOW_HOST_NAMES:
+        name, scale = MLFLOW_HOST_NAMES[column]
+        return f"{SYSTEM_PREFIX}{name}", scale
+    return f"{SYSTEM_PREFIX}host_{column}", 1.0
+
+
 def series_metrics(record: RunRecord, max_points: int = MAX_SERIES_POINTS) -> list[tuple]:
     """``(key, value, timestamp_ms, step)`` points for MLflow, at most ``max_points`` per key.
 
-    GPU metrics are ``gpu<index>/<column>``, host metrics ``host/<column>``; their step is the
-    elapsed time in milliseconds since the record's first sample. Step metrics are
-    ``steps/<column>`` with the training step number as step (warm-up steps included).
+    GPU and host samples go under ``system/`` (see :func:`system_metric_key`), so that MLflow's
+    UI shows them as system metrics; their step is the elapsed time in milliseconds since the
+    record's first sample. Step metrics are ``steps/<column>`` with the training step number as
+    step (warm-up steps included).
     """
     names = set(record.series_names())
     frames = {n: record.series(n) for n in ("gpu", "host", "steps") if n in names}
@@ -151,31 +180,44 @@ def series_metrics(record: RunRecord, max_points: int = MAX_SERIES_POINTS) -> li
     t0_s = float(min(times)) if times else 0.0
     points: list[tuple] = []
 
-    def add(df: pd.DataFrame, prefix: str, columns: Iterable[str], by_step: bool) -> None:
+    def add(
+        df: pd.DataFrame,
+        name_of: Callable[[str], tuple[str, float]],
+        columns: Iterable[str],
+        by_step: bool,
+    ) -> None:
         present = [c for c in columns if c in df.columns and df[c].notna().any()]
         if not present or "time_unix_s" not in df.columns:
             return
         keep = ["time_unix_s", *present] + (["step"] if by_step and "step" in df.columns else [])
         small = downsample(df[keep].astype("float64"), max_points)
         for col in present:
+            key, scale = name_of(col)
             part = small[["time_unix_s", col] + (["step"] if "step" in small.columns else [])]
             part = part.dropna(subset=[col, "time_unix_s"])
             for row in part.itertuples(index=False):
-                t_s, value = float(row[0]), float(row[1])
+                t_s, value = float(row[0]), float(row[1]) * scale
                 step = int(round(row[2])) if len(row) > 2 else int(round((t_s - t0_s) * 1000))
-                points.append((f"{prefix}/{col}", value, int(t_s * 1000), step))
+                points.append((key, value, int(t_s * 1000), step))
 
     gpu = frames.get("gpu")
     if gpu is not None and "gpu_index" in gpu.columns:
         for index, part in gpu.groupby("gpu_index", sort=True):
-            add(part.sort_values("time_unix_s"), f"gpu{int(index)}", GPU_SERIES_COLUMNS, False)
+            gpu_key = functools.partial(system_metric_key, "gpu", gpu_index=int(index))
+            add(part.sort_values("time_unix_s"), gpu_key, GPU_SERIES_COLUMNS, False)
     if "host" in frames:
-        add(frames["host"].sort_values("time_unix_s"), "host", HOST_SERIES_COLUMNS, False)
+        host_key = functools.partial(system_metric_key, "host")
+        add(frames["host"].sort_values("time_unix_s"), host_key, HOST_SERIES_COLUMNS, False)
+
+    def under(prefix: str) -> Callable[[str], tuple[str, float]]:
+        return lambda col: (f"{prefix}/{col}", 1.0)
+
     steps = frames.get("steps")
     if steps is not None and "step" in steps.columns:
         if "rank" in steps.columns and steps["rank"].notna().any():  # one series per rank
             for rank, part in steps.groupby("rank", sort=True):
-                add(part.sort_values("step"), f"steps/rank{int(rank)}", STEPS_SERIES_COLUMNS, True)
+                add(part.sort_values("step"), under(f"steps/rank{int(rank)}"),
+                    STEPS_SERIES_COLUMNS, True)  # fmt: skip
         else:
-            add(steps.sort_values("step"), "steps", STEPS_SERIES_COLUMNS, True)
+            add(steps.sort_values("step"), under("steps"), STEPS_SERIES_COLUMNS, True)
     return points
