@@ -162,7 +162,8 @@ def store_home(tmp_path_factory) -> Path:
 @pytest.fixture(autouse=True)
 def _env(store_home, monkeypatch):
     monkeypatch.setenv("GPULENS_HOME", str(store_home))
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_RUN_ID"):
+        monkeypatch.delenv(name, raising=False)
 
 
 # ----------------------------------------------------------------------------- queries
@@ -457,3 +458,37 @@ def test_steps_of_several_ranks_become_one_metric_series_per_rank(tmp_path):
     assert "steps/step_time_s" not in keys
     rank1 = [p[1] for p in points if p[0] == "steps/rank1/step_time_s"]
     assert rank1 == [0.2] * 5
+
+
+def test_mlflow_environment_picks_the_experiment_and_the_users_run(tmp_path, monkeypatch):
+    mlflow = pytest.importorskip("mlflow")
+    dirs = build_store(tmp_path / "home")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = mlflow.MlflowClient(uri)
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "team-x")
+    in_team = mlflow_sink.log_record(dirs["b"], uri)
+    assert client.get_experiment(client.get_run(in_team).info.experiment_id).name == "team-x"
+
+    # Inside a run of the user's: the record goes into it, beside the user's own params.
+    exp = client.create_experiment("mine", artifact_location=(tmp_path / "art").as_uri())
+    user_run_id = client.create_run(exp, run_name="my-training").info.run_id
+    client.log_param(user_run_id, "batch_size", "999")
+    monkeypatch.setenv("MLFLOW_RUN_ID", user_run_id)
+    assert mlflow_sink.log_record(dirs["a"], uri) == user_run_id
+    run = client.get_run(user_run_id)
+    assert run.info.status == "RUNNING"  # the user's to end
+    assert run.data.params["batch_size"] == "999" and run.data.params["gpulens.batch_size"] == "32"
+    assert run.data.metrics["gpulens.throughput_samples_per_s"] == 1000.0
+    assert client.get_metric_history(user_run_id, "system/gpu_0_utilization_percentage")
+    assert [a.path for a in client.list_artifacts(user_run_id, "gpulens")] == [
+        f"gpulens/{IDS['a']}"
+    ]
+    assert mlflow_sink.log_record(dirs["a"], uri) == user_run_id  # idempotent
+    # A second record under the same run becomes its child.
+    child = mlflow_sink.log_record(dirs["b"], uri)
+    assert child not in (user_run_id, in_team)
+    assert client.get_run(child).data.tags["mlflow.parentRunId"] == user_run_id
+
+    monkeypatch.setenv("MLFLOW_RUN_ID", "no-such-run")
+    with pytest.raises(UsageError, match="MLFLOW_RUN_ID=no-such-run is not a run"):
+        mlflow_sink.log_record(dirs["cmd"], uri)

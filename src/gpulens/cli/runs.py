@@ -89,9 +89,9 @@ def _status(status: str | None) -> Text:
 
 
 def _synced(record: RunRecord, uri: str) -> str | None:
-    from gpulens.store.mlflow_sink import DEFAULT_EXPERIMENT, synced_run_id
+    from gpulens.store.mlflow_sink import default_experiment, synced_run_id
 
-    return synced_run_id(record, uri, DEFAULT_EXPERIMENT)
+    return synced_run_id(record, uri, default_experiment())
 
 
 def _list_row(record: RunRecord | DamagedRecord, uri: str) -> dict[str, Any]:
@@ -341,7 +341,9 @@ def sync(
     uri: str = typer.Option(
         None, "--uri", help="MLflow tracking URI [$MLFLOW_TRACKING_URI or sqlite in GPULENS_HOME]."
     ),
-    experiment: str = typer.Option("gpulens", "--experiment", help="MLflow experiment name."),
+    experiment: str = typer.Option(
+        None, "--experiment", help="MLflow experiment [$MLFLOW_EXPERIMENT_NAME or gpulens]."
+    ),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
 ) -> None:
     from gpulens.store.mlflow_sink import sync_all
@@ -353,6 +355,9 @@ def sync(
         if run_id and not quiet:
             common.err.print(Text(f"syncing {i + 1}/{total}: {run_id}", style="dim"))
 
+    from gpulens.store.mlflow_sink import default_experiment
+
+    experiment = experiment or default_experiment()
     results = sync_all(tracking_uri=tracking_uri, experiment=experiment, on_record=progress)
     synced = [{"run_id": rid, "mlflow_run_id": res} for rid, res in results if isinstance(res, str)]
     failed = [

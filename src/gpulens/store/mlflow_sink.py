@@ -7,6 +7,15 @@ imported only inside functions, so the measuring side never needs it.
 Which records are synced is kept in a sidecar ``<record>/mlflow.json`` (``run.json`` belongs to
 its writer), keyed by tracking URI and experiment; an MLflow run also carries the tag
 ``gpulens.run_id``, so a sync interrupted half-way is found and redone rather than duplicated.
+
+MLflow's own environment variables are honoured: ``MLFLOW_TRACKING_URI`` (the store),
+``MLFLOW_EXPERIMENT_NAME`` (the experiment, default ``gpulens``) and ``MLFLOW_RUN_ID`` (a run of
+the user's, e.g. when gpulens runs inside ``mlflow run`` or a script that started one): a record
+is then logged into that run (its summary and config as ``gpulens.*`` metrics and params, so
+they never collide with the user's; the series under ``system/`` and ``steps/``; the record
+under the artifact path ``gpulens/<run id>``; the run is left open), or, when that run already
+holds a gpulens record or the record is part of an experiment (stalls, colocate), as a child
+run of it.
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ import importlib.metadata
 import importlib.util
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -205,7 +215,7 @@ def _existing_run(client, experiment_id: str, run_id: str):
 def log_record(
     record: RunRecord | Path | str,
     tracking_uri: str | None = None,
-    experiment: str = DEFAULT_EXPERIMENT,
+    experiment: str | None = None,
     check: bool = True,
 ) -> str:
     """Log one ended record as an MLflow run and return its MLflow run id.
@@ -225,6 +235,7 @@ def log_record(
         )
     mlflow = _import_mlflow()
     uri = tracking_uri or default_tracking_uri()
+    experiment = experiment or default_experiment()
     if check:
         require_reachable(uri)
     attempt = 0
@@ -241,10 +252,34 @@ def log_record(
                 time.sleep(0.5 * 2 ** (attempt - 1))
 
 
+def default_experiment() -> str:
+    """``$MLFLOW_EXPERIMENT_NAME``, else ``gpulens``."""
+    return os.environ.get("MLFLOW_EXPERIMENT_NAME", "").strip() or DEFAULT_EXPERIMENT
+
+
+def _user_run(client, uri: str):
+    """The run ``$MLFLOW_RUN_ID`` names, or None when it is unset."""
+    run_id = os.environ.get("MLFLOW_RUN_ID", "").strip()
+    if not run_id:
+        return None
+    try:
+        return client.get_run(run_id)
+    except Exception as exc:
+        if is_locked_error(exc):
+            raise
+        raise UsageError(
+            f"MLFLOW_RUN_ID={run_id} is not a run in the MLflow store {uri}: unset it, or set "
+            "MLFLOW_TRACKING_URI to the store that holds it"
+        ) from None
+
+
 def _log_record_once(mlflow, record: RunRecord, uri: str, experiment: str) -> str:
     from mlflow.entities import Metric, Param, RunTag
 
     client = mlflow.MlflowClient(tracking_uri=uri)
+    user_run = _user_run(client, uri)
+    if user_run is not None:
+        experiment = client.get_experiment(user_run.info.experiment_id).name
     known = synced_run_id(record, uri, experiment)
     if known:
         try:
@@ -259,8 +294,11 @@ def _log_record_once(mlflow, record: RunRecord, uri: str, experiment: str) -> st
     existing = _existing_run(client, experiment_id, record.run_id)
     if existing is not None:
         mlflow_run_id = existing.info.run_id
+    elif user_run is not None and _may_log_into(user_run, record):
+        mlflow_run_id = _log_into(client, user_run.info.run_id, record, Metric, Param, RunTag)
     else:
-        mlflow_run_id = _log_new(client, experiment_id, record, Metric, Param, RunTag)
+        parent = user_run.info.run_id if user_run is not None else None
+        mlflow_run_id = _log_new(client, experiment_id, record, Metric, Param, RunTag, parent)
     _write_sidecar(
         record,
         {
@@ -274,29 +312,54 @@ def _log_record_once(mlflow, record: RunRecord, uri: str, experiment: str) -> st
     return mlflow_run_id
 
 
-def _log_new(client, experiment_id: str, record: RunRecord, Metric, Param, RunTag) -> str:
-    meta = record.meta
-    start_ms = iso_to_ms(meta.get("created_at"))
-    end_ms = iso_to_ms(meta.get("ended_at")) or iso_to_ms(meta.get("heartbeat_at")) or start_ms
+def _may_log_into(user_run, record: RunRecord) -> bool:
+    """A plain run goes into the user's run unless that run holds a gpulens record already;
+    an experiment's runs (stalls, colocate) become its children."""
+    return not record.meta.get("role") and "gpulens.run_id" not in user_run.data.tags
+
+
+def _log_payload(client, mlflow_run_id: str, record: RunRecord, Metric, Param, RunTag,
+                 prefix: str = "", end_ms: int | None = None) -> None:  # fmt: skip
+    """Params, tags and metrics of ``record`` to an MLflow run; ``prefix`` before the summary
+    metrics and the params (not the series)."""
     tags = record_tags(record)
-    run = client.create_run(
-        experiment_id,
-        start_time=start_ms,
-        tags={"gpulens.run_id": tags.pop("gpulens.run_id")},
-        run_name=meta.get("name"),
-    )
-    mlflow_run_id = run.info.run_id
-    params = [Param(k, v) for k, v in record_params(record).items()]
+    params = [Param(prefix + k, v) for k, v in record_params(record).items()]
     tag_list = [RunTag(k, v) for k, v in tags.items()]
     for batch in _chunks(params, MAX_PARAMS_TAGS_PER_BATCH):
         client.log_batch(mlflow_run_id, params=batch, synchronous=True)
     for batch in _chunks(tag_list, MAX_PARAMS_TAGS_PER_BATCH):
         client.log_batch(mlflow_run_id, tags=batch, synchronous=True)
     ts_ms = end_ms or 0
-    metrics = [Metric(k, v, ts_ms, 0) for k, v in record_metrics(record).items()]
+    metrics = [Metric(prefix + k, v, ts_ms, 0) for k, v in record_metrics(record).items()]
     metrics += [Metric(k, v, t, s) for k, v, t, s in series_metrics(record)]
     for batch in _chunks(metrics, MAX_METRICS_PER_BATCH):
         client.log_batch(mlflow_run_id, metrics=batch, synchronous=True)
+
+
+def _log_into(client, mlflow_run_id: str, record: RunRecord, Metric, Param, RunTag) -> str:
+    """The record into the user's run (left open: it is theirs to end)."""
+    end_ms = iso_to_ms(record.meta.get("ended_at")) or iso_to_ms(record.meta.get("created_at"))
+    _log_payload(client, mlflow_run_id, record, Metric, Param, RunTag, "gpulens.", end_ms)
+    client.log_artifacts(mlflow_run_id, str(record.dir), artifact_path=f"gpulens/{record.run_id}")
+    client.set_tag(mlflow_run_id, "gpulens.synced", "true")
+    return mlflow_run_id
+
+
+def _log_new(
+    client, experiment_id: str, record: RunRecord, Metric, Param, RunTag,
+    parent_run_id: str | None = None,
+) -> str:  # fmt: skip
+    meta = record.meta
+    start_ms = iso_to_ms(meta.get("created_at"))
+    end_ms = iso_to_ms(meta.get("ended_at")) or iso_to_ms(meta.get("heartbeat_at")) or start_ms
+    first_tags = {"gpulens.run_id": record.run_id}
+    if parent_run_id:
+        first_tags["mlflow.parentRunId"] = parent_run_id  # shown nested under it in the UI
+    run = client.create_run(
+        experiment_id, start_time=start_ms, tags=first_tags, run_name=meta.get("name")
+    )
+    mlflow_run_id = run.info.run_id
+    _log_payload(client, mlflow_run_id, record, Metric, Param, RunTag, end_ms=end_ms)
     client.log_artifacts(mlflow_run_id, str(record.dir), artifact_path=ARTIFACT_PATH)
     client.set_tag(mlflow_run_id, "gpulens.synced", "true")
     client.set_terminated(mlflow_run_id, status=_MLFLOW_STATUS[record.status], end_time=end_ms)
@@ -306,7 +369,7 @@ def _log_new(client, experiment_id: str, record: RunRecord, Metric, Param, RunTa
 def sync_all(
     home: Path | str | None = None,
     tracking_uri: str | None = None,
-    experiment: str = DEFAULT_EXPERIMENT,
+    experiment: str | None = None,
     on_record: Callable[[int, int, str], None] | None = None,
 ) -> list[tuple[str, str | Exception]]:
     """Log every ended record not yet synced to this URI and experiment.
@@ -316,6 +379,7 @@ def sync_all(
     """
     home_path = Path(home) if home else None
     uri = tracking_uri or default_tracking_uri(home_path)
+    experiment = experiment or default_experiment()
     todo = [
         r
         for r in list_records(runs_dir(home_path))

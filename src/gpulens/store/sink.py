@@ -65,7 +65,7 @@ class MlflowSink:
     def log_record(self, record_dir: Path) -> str:
         from gpulens.store import mlflow_sink
 
-        experiment = self.experiment or mlflow_sink.DEFAULT_EXPERIMENT
+        experiment = self.experiment or mlflow_sink.default_experiment()
         return mlflow_sink.log_record(Path(record_dir), self.tracking_uri, experiment)
 
 
