@@ -15,7 +15,7 @@ from typing import Any
 import typer
 
 from gpulens import __version__
-from gpulens.cli import colocate, common, doctor, report, run, stalls
+from gpulens.cli import colocate, common, doctor, report, run, stalls, ui
 from gpulens.cli.data import data_app
 from gpulens.cli.runs import runs_app
 from gpulens.report import failure, output
@@ -70,6 +70,7 @@ doctor.register(app)  # doctor, workloads
 app.add_typer(data_app, name="data")
 app.add_typer(runs_app, name="runs", help="List, show, compare, export and sync stored runs.")
 report.register(app)
+ui.register(app)
 
 
 # -------------------------------------------------------------------------------------- main

@@ -57,18 +57,30 @@ def _grid(section: Section) -> str:
     return f"<table class='comparison'><tr>{head}</tr>{''.join(body)}</table>"
 
 
-def render_html(sections: Sequence[Section], title: str, plotly_js: str | None = None) -> str:
+def render_html(
+    sections: Sequence[Section],
+    title: str,
+    plotly_js: str | None = None,
+    plotly_src: str | None = None,
+    head_extra: str = "",
+    body_top: str = "",
+) -> str:
     """The report page. ``plotly_js``: the library's code to inline (default: the installed
-    package's own copy)."""
-    if plotly_js is None:
-        from plotly.offline import get_plotlyjs
+    package's own copy); ``plotly_src``: a URL to load it from instead (the dashboard serves it
+    once). ``head_extra``/``body_top``: trusted HTML the dashboard adds (refresh, navigation)."""
+    if plotly_src is not None:
+        script = f"<script type='text/javascript' src='{html.escape(plotly_src)}'></script>"
+    else:
+        if plotly_js is None:
+            from plotly.offline import get_plotlyjs
 
-        plotly_js = get_plotlyjs()
+            plotly_js = get_plotlyjs()
+        script = f"<script type='text/javascript'>{plotly_js}</script>"
     made = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     parts = [
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
-        f"<title>{html.escape(title)}</title><style>{STYLE}</style>",
-        f"<script type='text/javascript'>{plotly_js}</script></head><body>",
+        f"<title>{html.escape(title)}</title><style>{STYLE}</style>{head_extra}",
+        f"{script}</head><body>{body_top}",
         f"<h1>{html.escape(title)}</h1>",
         f"<p class='meta'>made by gpulens {html.escape(__version__)} on {made}</p>",
     ]
