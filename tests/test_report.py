@@ -180,3 +180,18 @@ def test_the_report_renders_in_a_headless_browser_without_errors(tmp_path):
     drawn = len(re.findall(r'class="plot-container plotly"', dom))
     assert drawn == figures_in_page >= 6
     assert dom.count('class="trace bars') >= 6  # the step phases and the stall segments
+
+
+def test_long_lines_keep_their_peaks_and_histograms_count_every_step():
+    import pandas as pd
+
+    y = pd.Series([50.0] * 100_000)
+    y[54_321], y[77_777] = 100.0, 0.0  # one sample at full use, one idle
+    x = pd.Series(range(100_000), dtype=float)
+    xs, ys = figures.min_max_points(x, y)
+    assert len(ys) <= figures.MAX_LINE_POINTS
+    assert 54_321 in set(xs) and 77_777 in set(xs) and list(xs) == sorted(xs)
+    steps_ms = pd.Series([10.0] * 360_000 + [500.0] * 10)
+    fig = figures.step_time_figure({"hour": steps_ms})
+    assert sum(fig.data[0].y) == len(steps_ms)  # counted on the server; the tail in the last bin
+    assert len(fig.data[0].x) == figures.HISTOGRAM_BINS
