@@ -25,7 +25,7 @@ DEMO_HELP = (
     "store the run and print what was measured. Works on CPU-only machines."
 )
 # The options of `gpulens run` that a command after `--` takes too (parameter names).
-COMMAND_OPTIONS = {"target", "sample_hz", "name", "store", "json_out"}
+COMMAND_OPTIONS = {"target", "sample_hz", "name", "store", "json_out", "inject"}
 
 
 def register_run(app: typer.Typer) -> None:
@@ -197,12 +197,18 @@ def run(
     skip_bad_samples: bool = typer.Option(False, "--skip-bad-samples", help=SKIP_BAD_HELP),
     name: str = typer.Option(None, "--name", help="A name for the run."),
     store: bool = typer.Option(True, "--store/--no-store", help="Log the run to MLflow."),
+    inject: bool = typer.Option(
+        True,
+        "--inject/--no-inject",
+        help="With a Python command: time its steps (DataLoader batches, optimizer steps) "
+        "with no change to the script.",
+    ),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     found = common.resolve_target(target, example="gpulens run -- python train.py ...")
     if found.is_command:
         common.reject_workload_only_options(ctx, COMMAND_OPTIONS)
-        run_command(list(found.command), sample_hz, name, store, json_out)
+        run_command(list(found.command), sample_hz, name, store, json_out, inject)
         return
 
     from gpulens.workloads.config import TrainConfig
@@ -244,14 +250,17 @@ class CommandFailed(GpulensError):
         )
 
 
-def run_command(argv: list[str], sample_hz: float, name, store: bool, json_out: bool) -> None:
+def run_command(
+    argv: list[str], sample_hz: float, name, store: bool, json_out: bool, inject: bool = True
+) -> None:
     from gpulens.launch.command import run_command as monitor_command
     from gpulens.report.terminal import render_command_summary
 
     common.err.print(Text(f"monitoring: {' '.join(argv)}", style="dim"), soft_wrap=True)
     result = monitor_command(
-        argv, runs_dir(), sample_hz=sample_hz, name=name, stdout_to_stderr=json_out
-    )
+        argv, runs_dir(), sample_hz=sample_hz, name=name, stdout_to_stderr=json_out,
+        inject=inject,
+    )  # fmt: skip
     common.store_record(result.record_dir, store)
     if json_out:
         common.emit_json(command_json(result))

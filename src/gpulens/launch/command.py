@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shlex
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from gpulens.errors import RuntimeFailure, UsageError
+from gpulens.launch.injection import injected_env
 from gpulens.launch.processes import reap, spawn
 from gpulens.probes.monitor import ProbeSpec
 from gpulens.probes.summary import summarize_gpu, summarize_host
@@ -40,6 +42,7 @@ def run_command(
     extra_env: dict[str, str] | None = None,
     config: dict[str, Any] | None = None,
     role: str | None = None,
+    inject: bool = True,
 ) -> CommandResult:
     """Run ``argv`` to completion under the GPU and host monitor, in a run record of ``kind``.
     The child finds the run directory in ``$GPULENS_RUN_DIR`` (the tracking API uses it), plus
@@ -47,7 +50,8 @@ def run_command(
     line and in ``extra_env`` are redacted there). Ctrl-C and SIGTERM are passed on to the
     child; the record ends ``killed``. The child dies with this process (even by SIGKILL) and
     whatever it started is ended when it exits. ``stdout_to_stderr`` keeps the command's output
-    off stdout (for ``--json``). ``role``: the run's part in an experiment (``stalls:cached``)."""
+    off stdout (for ``--json``). ``role``: the run's part in an experiment (``stalls:cached``).
+    ``inject``: time the steps of an unmodified Python script (:mod:`gpulens.launch.injection`)."""
     if not argv:
         raise UsageError("no command given: gpulens run -- python train.py ...")
     extra_env = dict(extra_env or {})
@@ -58,12 +62,13 @@ def run_command(
         "sample_hz": sample_hz,
         **(config or {}),
         **({"env": extra_env} if extra_env else {}),
+        "inject": inject,
     }
     name = name or Path(argv[0]).name
     with measured_run(
         runs_root, kind=kind, name=name, role=role, requested_config=requested
     ) as run:
-        returncode = _run(argv, run, sample_hz, stdout_to_stderr, extra_env)
+        returncode = _run(argv, run, sample_hz, stdout_to_stderr, extra_env, inject)
     result = run.result()
     summary = result.as_dict()["summary"]
     return CommandResult(result.run_id, result.record_dir, returncode, result.status, summary)
@@ -75,9 +80,19 @@ def _run(
     sample_hz: float,
     stdout_to_stderr: bool,
     extra_env: dict[str, str],
+    inject: bool = True,
+) -> int:
+    env = dict(os.environ, **extra_env, **{RUN_DIR_ENV: str(run.dir)})
+    with contextlib.ExitStack() as stack:
+        if inject:
+            env = stack.enter_context(injected_env(env))
+        return _run_child(argv, run, sample_hz, stdout_to_stderr, env)
+
+
+def _run_child(
+    argv: list[str], run: RunSession, sample_hz: float, stdout_to_stderr: bool, env: dict
 ) -> int:
     gpus = run.writer.meta.get("environment", {}).get("gpus") or []
-    env = dict(os.environ, **extra_env, **{RUN_DIR_ENV: str(run.dir)})
     try:
         # SIGTERM when gpulens dies: the command may stop its own children (torchrun does).
         # Same process group as gpulens: a terminal's Ctrl-C and reads from it work as before.

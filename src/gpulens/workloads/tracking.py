@@ -25,31 +25,26 @@ the step's host-to-device phase; the loop gets the batch on the device either wa
 ``x.to(device)`` left in the script is a no-op.
 
 Under ``gpulens stalls --data PATH -- python train.py`` the script runs three times, and two
-environment variables change what ``data()`` does (the script itself stays the same):
+environment variables change what ``data()`` does (the script stays the same):
+``GPULENS_INGESTION_FREE=1`` takes the first :data:`INGESTION_FREE_BATCHES` batches (moved to
+``device`` when given) and repeats them, ``len(iterable)`` per call where there is a length
+(epochs end as usual), without end otherwise, so the step time is compute alone;
+``GPULENS_FIRST_PASS_ONLY=1`` times only the first complete pass over the first ``data()`` loop
+(the pass that reads every file cold), later epochs untimed.
 
-- ``GPULENS_INGESTION_FREE=1`` (the ingestion-free run of DS-Analyzer's method): the first
-  :data:`INGESTION_FREE_BATCHES` batches are taken from the loader, moved to ``device`` (when
-  given), and then repeated without touching the loader again, so the step time is compute
-  alone. Each ``data()`` call still yields ``len(iterable)`` batches when the iterable has a
-  length, so ``for epoch ...: for batch in tracker.data(loader)`` ends its epochs as usual, and
-  the script's own stop condition (steps or epochs) ends the run. An iterable without a length
-  repeats until the script stops by itself (a warning says so). Pass ``device=`` so the repeated
-  batches already sit on the GPU; without it the script's own copy stays in the step. A script
-  that changes its batches in place sees the changed values again.
-- ``GPULENS_FIRST_PASS_ONLY=1`` (the cold-cache run): only the steps of the first complete pass
-  over the first ``data()`` loop are timed, the pass that reads every file once after gpulens
-  evicted them from the page cache; later epochs run untimed (their reads would be warm).
+Without any change to the script, ``gpulens run -- python train.py`` makes one tracker itself
+(:mod:`gpulens.workloads.inject`).
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import itertools
 import logging
 import math
 import os
 import socket
+import sys
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -72,7 +67,12 @@ from gpulens.record.tracker import (
 )
 from gpulens.record.writer import SeriesWriter, atomic_write_json
 from gpulens.stats import throughput_ci
-from gpulens.workloads.tracking_batches import batch_size, describe_loader, length, to_device
+from gpulens.workloads.tracking_batches import (
+    batch_size,
+    describe_loader,
+    repeated_batches,
+    to_device,
+)
 from gpulens.workloads.tracking_ranks import (
     GROUPS_DIR,
     RankInfo,
@@ -108,12 +108,8 @@ class _WithRank:
 
 
 class Tracker:
-    """Times the steps of a user's loop. Use :func:`track` to make one.
-
-    Nothing gpulens does here may stop the loop: a failure inside the tracker is logged
-    (logger ``gpulens.workloads.tracking``) and the loop goes on untimed. Errors of the loop
-    itself (its loader, its model) reach the script as they would without gpulens.
-    """
+    """Times the steps of a user's loop (make one with :func:`track`). A failure inside it is
+    logged and the loop goes on untimed; the loop's own errors reach the script unchanged."""
 
     def __init__(
         self,
@@ -124,8 +120,10 @@ class Tracker:
         runs_root: Path | None = None,
         straggler_pct: float = STRAGGLER_PCT,
         store: bool = True,
+        injected: bool = False,
     ):
         self.samples_per_step = samples_per_step
+        self.injected = injected  # made by gpulens.workloads.inject, not by the script
         self.straggler_pct = straggler_pct
         self.run_dir: Path | None = None
         self.ranks = RankInfo()
@@ -152,10 +150,14 @@ class Tracker:
         self._loader: dict[str, Any] | None = None
         self._cached_batches: dict[int, tuple[Any, list]] = {}  # id -> (iterable, batches)
         self._warned_endless = False
+        if not injected:
+            _explicit.append(self)
         try:
             self._start(name, warmup_steps, sample_hz, runs_root)
         except Exception as exc:
             self._fail("start", exc)
+        if injected:  # nobody else will close it: its steps reach the run at exit
+            atexit.register(lambda: self.close(getattr(sys, "last_value", None)))
 
     # --- start ------------------------------------------------------------------------------
     def _start(self, name, warmup_steps, sample_hz, runs_root) -> None:
@@ -269,16 +271,17 @@ class Tracker:
             return None
 
     # --- the loop -----------------------------------------------------------------------------
-    def data(self, iterable: Iterable, device: Any = None) -> Iterator:
+    def data(self, iterable: Iterable, device: Any = None, loader: Any = None) -> Iterator:
         """Yield from ``iterable``, timing how long each batch took to arrive; with ``device``,
-        each batch is moved there (``non_blocking=True``). See the module docstring for what
-        ``gpulens stalls`` changes here."""
+        each batch is moved there (``non_blocking=True``). ``loader``: the DataLoader behind
+        ``iterable`` where that is an iterator of it (for its worker count). See the module
+        docstring for what ``gpulens stalls`` changes here."""
         if self._broken:
             yield from self._untimed(iter(iterable), device)
             return
         try:
             if self._loader is None:
-                self._loader = describe_loader(iterable)
+                self._loader = describe_loader(loader if loader is not None else iterable)
             if device is not None and self._device is None:
                 self._device = str(device)
         except Exception as exc:
@@ -329,34 +332,19 @@ class Tracker:
             self._timing = False
 
     def _repeated(self, iterable: Iterable, device: Any) -> Iterator:
-        """Ingestion-free batches: the first few from ``iterable`` (taken once per iterable),
-        repeated ``len(iterable)`` times per call, or without end where it has no length."""
-        entry = self._cached_batches.get(id(iterable))
-        if entry is None or entry[0] is not iterable:
-            source = iter(iterable)
-            taken = list(itertools.islice(source, INGESTION_FREE_BATCHES))
-            del source  # a DataLoader's workers shut down with their iterator
-            if device is not None:
-                taken = [to_device(b, device) for b in taken]
-            entry = (iterable, taken)
-            if not isinstance(iterable, Iterator):  # a one-shot iterator is not seen again
-                self._cached_batches[id(iterable)] = entry
-        taken = entry[1]
-        if not taken:
-            return
-        n = length(iterable)
-        if n is None:
+        """Ingestion-free batches (see :func:`repeated_batches`)."""
+
+        def warn_endless(n: int) -> None:
             if not self._warned_endless:
                 self._warned_endless = True
                 log.warning(
                     "gpulens ingestion-free run: the loader has no len(), so its %d batches "
-                    "repeat until the script stops by itself (a step or time limit)",
-                    len(taken),
-                )
-            yield from itertools.cycle(taken)
-            return
-        for i in range(n):
-            yield taken[i % len(taken)]
+                    "repeat until the script stops by itself (a step or time limit)", n
+                )  # fmt: skip
+
+        return repeated_batches(
+            iterable, device, self._cached_batches, INGESTION_FREE_BATCHES, warn_endless
+        )
 
     def step(self, samples: int | None = None) -> None:
         """Mark the end of a step. ``samples`` defaults to the batch's leading dimension."""
@@ -419,6 +407,8 @@ class Tracker:
         if self._closed:
             return
         self._closed = True
+        with contextlib.suppress(ValueError):
+            _explicit.remove(self)
         try:
             self._close(error)
         except Exception as exc:
@@ -493,6 +483,14 @@ class Tracker:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self.close(exc)
+
+
+_explicit: list[Tracker] = []  # open trackers the script made itself
+
+
+def explicit_tracker_active() -> bool:
+    """Whether the script tracks itself (injection then stays out of its way)."""
+    return bool(_explicit)
 
 
 def track(name: str | None = None, samples_per_step: int | None = None, **kwargs) -> Tracker:

@@ -3,6 +3,8 @@ describing the loader they came from."""
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 
@@ -61,3 +63,35 @@ def batch_size(batch: Any) -> int | None:
     if isinstance(batch, dict) and batch:
         return batch_size(next(iter(batch.values())))
     return None
+
+
+def repeated_batches(
+    iterable: Iterable,
+    device: Any,
+    cache: dict[int, tuple[Any, list]],
+    count: int,
+    on_endless: Callable[[int], None],
+) -> Iterator:
+    """Ingestion-free batches: the first ``count`` from ``iterable`` (taken once per iterable,
+    kept in ``cache``, moved to ``device`` when given), repeated ``len(iterable)`` times per
+    call, or without end where it has no length (``on_endless(n)`` is told)."""
+    entry = cache.get(id(iterable))
+    if entry is None or entry[0] is not iterable:
+        source = iter(iterable)
+        taken = list(itertools.islice(source, count))
+        del source  # a DataLoader's workers shut down with their iterator
+        if device is not None:
+            taken = [to_device(b, device) for b in taken]
+        entry = (iterable, taken)
+        if not isinstance(iterable, Iterator):  # a one-shot iterator is not seen again
+            cache[id(iterable)] = entry
+    taken = entry[1]
+    if not taken:
+        return
+    n = length(iterable)
+    if n is None:
+        on_endless(len(taken))
+        yield from itertools.cycle(taken)
+        return
+    for i in range(n):
+        yield taken[i % len(taken)]

@@ -1,0 +1,177 @@
+"""Steps of an unmodified script: what ``gpulens run -- python train.py`` injects.
+
+The launcher puts a ``sitecustomize`` on the child's ``PYTHONPATH`` (:mod:`gpulens.launch.
+injection`) that calls :func:`install` at Python's start-up. Nothing is imported then: once the
+script imports torch, two hooks go in:
+
+- every iteration over a ``torch.utils.data.DataLoader`` goes through the tracking API's
+  ``data()``: the time blocked in the loader's ``__next__`` is the step's data wait, the
+  batch's leading dimension its samples (the iterator keeps its type's attributes: it is a
+  proxy, not a generator);
+- a global optimizer step post-hook ends the step right after ``optimizer.step()``.
+
+A step is therefore one batch: with gradient accumulation, one micro-batch. A script that
+already calls ``gpulens.track()`` is left to it. Any failure here is reported once on stderr
+and the script runs on untouched: injection never changes what the script computes.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import logging
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+INJECT_ENV = "GPULENS_INJECT"  # "1": the launcher asks for injection; "0" or unset: none
+_state: dict[str, Any] = {"tracker": None, "failed": None, "installed": False}
+
+
+def _note_failure(where: str, exc: BaseException) -> None:
+    if _state["failed"] is None:
+        _state["failed"] = f"{where}: {type(exc).__name__}: {exc}"
+        sys.stderr.write(
+            f"gpulens: step timing could not be injected ({_state['failed']}); the script runs "
+            "on without it\n"
+        )
+
+
+def _tracker():
+    """The injected tracker, made at the first loader iteration; None when the script tracks
+    itself or injection failed."""
+    if _state["failed"]:
+        return None
+    if _state["tracker"] is None:
+        from gpulens.workloads import tracking
+
+        if tracking.explicit_tracker_active():
+            return None
+        _state["tracker"] = tracking.Tracker(name=None, store=False, injected=True)
+    return _state["tracker"]
+
+
+class _TimedLoaderIter:
+    """A DataLoader's iterator with its batches timed by the tracker; everything else is the
+    real iterator's."""
+
+    def __init__(self, real: Any, loader: Any, tracker: Any) -> None:
+        self._gpulens_real = real
+        self._gpulens_batches = tracker.data(_Once(real), loader=loader)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return next(self._gpulens_batches)
+
+    def __len__(self) -> int:
+        return len(self._gpulens_real)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._gpulens_real, name)
+
+
+class _Once:
+    """An iterable over an existing iterator (``len`` where it has one)."""
+
+    def __init__(self, it: Any) -> None:
+        self.it = it
+
+    def __iter__(self):
+        return self.it
+
+    def __len__(self) -> int:
+        return len(self.it)
+
+
+def _patch_dataloader(module: Any) -> None:
+    loader_cls = module.DataLoader
+    if getattr(loader_cls.__iter__, "_gpulens", False):
+        return
+    original = loader_cls.__iter__
+
+    def __iter__(self):  # noqa: N807 (the method it replaces)
+        real = original(self)
+        try:
+            tracker = _tracker()
+            return real if tracker is None else _TimedLoaderIter(real, self, tracker)
+        except Exception as exc:
+            _note_failure("DataLoader", exc)
+            return real
+
+    __iter__._gpulens = True  # type: ignore[attr-defined]
+    loader_cls.__iter__ = __iter__
+
+
+def _hook_optimizer(module: Any) -> None:
+    def after_step(optimizer, args, kwargs) -> None:
+        tracker = _state["tracker"]
+        if tracker is not None:
+            tracker.step()
+
+    module.register_optimizer_step_post_hook(after_step)
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs ``hooks[name](module)`` once module ``name`` has been executed."""
+
+    def __init__(self, hooks: dict[str, Callable[[Any], None]]) -> None:
+        self.hooks = hooks
+
+    def find_spec(self, name, path, target=None):
+        hook = self.hooks.get(name)
+        if hook is None:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        exec_module = loader.exec_module
+
+        def exec_then_hook(module):
+            exec_module(module)
+            del self.hooks[name]
+            try:
+                hook(module)
+            except Exception as exc:
+                _note_failure(name, exc)
+
+        loader.exec_module = exec_then_hook
+        return spec
+
+
+HOOKS: dict[str, Callable[[Any], None]] = {
+    "torch.utils.data.dataloader": _patch_dataloader,
+    "torch.optim.optimizer": _hook_optimizer,
+}
+
+
+def install() -> bool:
+    """Hook the script's loaders and optimizers once torch is imported (or now, if it is)."""
+    if _state["installed"] or os.environ.get(INJECT_ENV) != "1":
+        return False
+    _state["installed"] = True
+    try:
+        pending = {}
+        for name, hook in HOOKS.items():
+            if name in sys.modules:
+                hook(sys.modules[name])
+            else:
+                pending[name] = hook
+        if pending:
+            sys.meta_path.insert(0, _AfterImport(pending))
+    except Exception as exc:
+        _note_failure("install", exc)
+        return False
+    return True

@@ -1,0 +1,119 @@
+"""An unmodified PyTorch script under `gpulens run --`: steps, samples and data wait with no
+code change, the script's results unchanged, and nothing broken when injection cannot work."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from gpulens.record.reader import read_record
+
+SCRIPT = textwrap.dedent("""
+    import os
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(1024, 16), torch.randint(0, 4, (1024,)))
+    loader = DataLoader(data, batch_size=32, shuffle=True)
+    model = torch.nn.Linear(16, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    it = iter(loader)
+    # the iterator still looks like the DataLoader's own to code that inspects it
+    print("iterator", len(it), hasattr(it, "_num_yielded"), flush=True)
+    del it
+    for epoch in range(2):
+        for x, y in loader:
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    print("final loss", repr(loss.item()), flush=True)
+""")
+
+
+def gpulens_run(tmp_path: Path, script: Path, *flags: str, env_extra=None):
+    env = {"GPULENS_HOME": str(tmp_path / "home"), "PATH": "/usr/bin:/bin",
+           **(env_extra or {})}  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpulens.cli", "run", "--no-store", "--json", *flags, "--",
+         sys.executable, str(script)],
+        capture_output=True, text=True, timeout=240, env={**os.environ, **env},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout), proc.stderr
+
+
+@pytest.fixture
+def script(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text(SCRIPT)
+    return path
+
+
+@pytest.mark.slow
+def test_an_unmodified_script_gets_steps_and_the_same_results(tmp_path, script):
+    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                           timeout=120, check=True).stdout  # fmt: skip
+    doc, err = gpulens_run(tmp_path, script)
+    assert "final loss" in err  # the script's output (kept off stdout under --json)
+    loss = [line for line in err.splitlines() if line.startswith("final loss")][0]
+    assert loss in plain  # injection never changes what the script computes
+    assert "iterator 32 True" in err
+    # 2 epochs x 32 batches = 64 steps, of 32 samples each; 5 warm-up steps
+    assert doc["measured_steps"] == 64 - 5
+    assert doc["throughput_samples_per_s"] > 0 and doc["phases_s"]["data_wait"] is not None
+    steps = read_record(Path(doc["record_dir"])).series("steps")
+    assert len(steps) == 64 and set(steps["samples"]) == {32}
+    assert doc.get("tracking_error") is None
+
+
+@pytest.mark.slow
+def test_no_inject_leaves_the_script_alone(tmp_path, script):
+    doc, _ = gpulens_run(tmp_path, script, "--no-inject")
+    assert doc["measured_steps"] is None
+    assert not (Path(doc["record_dir"]) / "series" / "steps.parquet").exists()
+
+
+@pytest.mark.slow
+def test_a_script_that_tracks_itself_is_not_counted_twice(tmp_path):
+    path = tmp_path / "tracked.py"
+    path.write_text(SCRIPT.replace(
+        "for epoch in range(2):\n    for x, y in loader:",
+        "import gpulens\ntracker = gpulens.track()\nfor epoch in range(2):\n"
+        "    for x, y in tracker.data(loader):",
+    ))  # fmt: skip
+    doc, _ = gpulens_run(tmp_path, path)
+    assert doc["measured_steps"] == 64 - 5
+
+
+@pytest.mark.slow
+def test_the_childs_own_sitecustomize_still_runs(tmp_path, script):
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    marker = tmp_path / "marker"
+    (theirs / "sitecustomize.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    path = os.pathsep.join(p for p in (str(theirs), os.environ.get("PYTHONPATH")) if p)
+    doc, _ = gpulens_run(tmp_path, script, env_extra={"PYTHONPATH": path})
+    assert marker.read_text() == "ran" and doc["measured_steps"] == 64 - 5
+
+
+def test_a_failure_in_the_hook_hands_back_the_real_iterator(monkeypatch, capsys):
+    from gpulens.workloads import inject
+
+    class Loader:
+        def __iter__(self):
+            return iter([1, 2, 3])
+
+    module = type("M", (), {"DataLoader": Loader})
+    monkeypatch.setitem(inject._state, "failed", None)
+    monkeypatch.setattr(inject, "_tracker", lambda: (_ for _ in ()).throw(OSError("disk full")))
+    inject._patch_dataloader(module)
+    assert list(Loader()) == [1, 2, 3]
+    assert "could not be injected" in capsys.readouterr().err
