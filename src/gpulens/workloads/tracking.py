@@ -418,7 +418,9 @@ class Tracker:
         summary: dict[str, Any] = {}
         if self._series is not None and not self._broken:
             try:
-                if self._in_step:
+                # An injected step ends at optimizer.step(): a batch fetched and never trained
+                # on (the script broke out of its loop) is no step.
+                if self._in_step and not self.injected:
                     self.step()
                 self._timer.finish()
                 summary = self._summary()
