@@ -117,3 +117,12 @@ def test_a_failure_in_the_hook_hands_back_the_real_iterator(monkeypatch, capsys)
     inject._patch_dataloader(module)
     assert list(Loader()) == [1, 2, 3]
     assert "could not be injected" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_duration_stops_an_endless_script_and_keeps_its_steps(tmp_path):
+    path = tmp_path / "endless.py"
+    path.write_text(SCRIPT.replace("for epoch in range(2):", "while True:"))
+    doc, err = gpulens_run(tmp_path, path, "--duration", "8")
+    assert doc["status"] == "finished" and doc.get("stop_reason") == "duration", err[-1500:]
+    assert doc["measured_steps"] > 10 and doc["throughput_samples_per_s"] > 0

@@ -9,7 +9,7 @@ from rich.text import Text
 
 from gpulens.cli import common
 from gpulens.cli.common import DEVICE_HELP, JSON_HELP, SKIP_BAD_HELP
-from gpulens.errors import GpulensError
+from gpulens.errors import GpulensError, UsageError
 from gpulens.paths import gpulens_home, runs_dir
 
 RUN_HELP = (
@@ -25,7 +25,7 @@ DEMO_HELP = (
     "store the run and print what was measured. Works on CPU-only machines."
 )
 # The options of `gpulens run` that a command after `--` takes too (parameter names).
-COMMAND_OPTIONS = {"target", "sample_hz", "name", "store", "json_out", "inject"}
+COMMAND_OPTIONS = {"target", "sample_hz", "name", "store", "json_out", "inject", "duration"}
 
 
 def register_run(app: typer.Typer) -> None:
@@ -93,6 +93,7 @@ def command_json(result) -> dict[str, Any]:
         "workload": "command",
         "device": None,
         "returncode": result.returncode,
+        "stop_reason": s.get("stop_reason"),
         "wall_s": s.get("wall_s"),
         "measured_steps": s.get("measured_steps"),
         "throughput_samples_per_s": s.get("throughput_samples_per_s"),
@@ -150,7 +151,12 @@ def run(
     ),
     batch_size: int = typer.Option(None, "--batch-size", "-b", help="Samples per step."),
     steps: int = typer.Option(None, "--steps", help="Measured steps after warm-up [default: 100]."),
-    duration: float = typer.Option(None, "--duration", help="Measured seconds instead of steps."),
+    duration: float = typer.Option(
+        None,
+        "--duration",
+        help="Measured seconds instead of steps; with a command, stop it after this long "
+        "(as Ctrl-C would) and end the run as finished.",
+    ),
     warmup_steps: int = typer.Option(
         None, "--warmup-steps", help="Warm-up steps, excluded from results."
     ),
@@ -208,7 +214,7 @@ def run(
     found = common.resolve_target(target, example="gpulens run -- python train.py ...")
     if found.is_command:
         common.reject_workload_only_options(ctx, COMMAND_OPTIONS)
-        run_command(list(found.command), sample_hz, name, store, json_out, inject)
+        run_command(list(found.command), sample_hz, name, store, json_out, inject, duration)
         return
 
     from gpulens.workloads.config import TrainConfig
@@ -251,22 +257,30 @@ class CommandFailed(GpulensError):
 
 
 def run_command(
-    argv: list[str], sample_hz: float, name, store: bool, json_out: bool, inject: bool = True
+    argv: list[str],
+    sample_hz: float,
+    name,
+    store: bool,
+    json_out: bool,
+    inject: bool = True,
+    duration_s: float | None = None,
 ) -> None:
+    if duration_s is not None and duration_s <= 0:
+        raise UsageError(f"--duration must be positive seconds, got {duration_s}")
     from gpulens.launch.command import run_command as monitor_command
     from gpulens.report.terminal import render_command_summary
 
     common.err.print(Text(f"monitoring: {' '.join(argv)}", style="dim"), soft_wrap=True)
     result = monitor_command(
         argv, runs_dir(), sample_hz=sample_hz, name=name, stdout_to_stderr=json_out,
-        inject=inject,
+        inject=inject, duration_s=duration_s,
     )  # fmt: skip
     common.store_record(result.record_dir, store)
     if json_out:
         common.emit_json(command_json(result))
     else:
         render_command_summary(common.out, result)
-    if result.returncode != 0:
+    if result.returncode != 0 and result.summary.get("stop_reason") != "duration":
         raise CommandFailed(result)
 
 

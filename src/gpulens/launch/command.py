@@ -7,6 +7,7 @@ import logging
 import os
 import shlex
 import signal
+import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,8 @@ from gpulens.record.tracker import RUN_DIR_ENV, read_tracker_summary
 from gpulens.run import RunSession, measured_run
 
 log = logging.getLogger(__name__)
+
+STOP_GRACE_S = 30.0  # after SIGINT at --duration, then after SIGTERM, before SIGKILL
 
 
 @dataclass
@@ -43,6 +46,7 @@ def run_command(
     config: dict[str, Any] | None = None,
     role: str | None = None,
     inject: bool = True,
+    duration_s: float | None = None,
 ) -> CommandResult:
     """Run ``argv`` to completion under the GPU and host monitor, in a run record of ``kind``.
     The child finds the run directory in ``$GPULENS_RUN_DIR`` (the tracking API uses it), plus
@@ -51,7 +55,9 @@ def run_command(
     child; the record ends ``killed``. The child dies with this process (even by SIGKILL) and
     whatever it started is ended when it exits. ``stdout_to_stderr`` keeps the command's output
     off stdout (for ``--json``). ``role``: the run's part in an experiment (``stalls:cached``).
-    ``inject``: time the steps of an unmodified Python script (:mod:`gpulens.launch.injection`)."""
+    ``inject``: time the steps of an unmodified Python script (:mod:`gpulens.launch.injection`).
+    ``duration_s``: stop the command after this long as Ctrl-C would (SIGINT; SIGTERM after
+    :data:`STOP_GRACE_S`); the run then ends ``finished`` with ``stop_reason: duration``."""
     if not argv:
         raise UsageError("no command given: gpulens run -- python train.py ...")
     extra_env = dict(extra_env or {})
@@ -63,12 +69,13 @@ def run_command(
         **(config or {}),
         **({"env": extra_env} if extra_env else {}),
         "inject": inject,
+        **({"duration_s": duration_s} if duration_s else {}),
     }
     name = name or Path(argv[0]).name
     with measured_run(
         runs_root, kind=kind, name=name, role=role, requested_config=requested
     ) as run:
-        returncode = _run(argv, run, sample_hz, stdout_to_stderr, extra_env, inject)
+        returncode = _run(argv, run, sample_hz, stdout_to_stderr, extra_env, inject, duration_s)
     result = run.result()
     summary = result.as_dict()["summary"]
     return CommandResult(result.run_id, result.record_dir, returncode, result.status, summary)
@@ -81,16 +88,40 @@ def _run(
     stdout_to_stderr: bool,
     extra_env: dict[str, str],
     inject: bool = True,
+    duration_s: float | None = None,
 ) -> int:
     env = dict(os.environ, **extra_env, **{RUN_DIR_ENV: str(run.dir)})
     with contextlib.ExitStack() as stack:
         if inject:
             env = stack.enter_context(injected_env(env))
-        return _run_child(argv, run, sample_hz, stdout_to_stderr, env)
+        return _run_child(argv, run, sample_hz, stdout_to_stderr, env, duration_s)
+
+
+def _wait(child, duration_s: float | None) -> tuple[int, bool]:
+    """The child's exit code, and whether gpulens stopped it at ``duration_s``."""
+    if not duration_s:
+        return child.wait(), False
+    try:
+        return child.wait(timeout=duration_s), False
+    except subprocess.TimeoutExpired:
+        pass
+    for sig, grace_s in ((signal.SIGINT, STOP_GRACE_S), (signal.SIGTERM, STOP_GRACE_S)):
+        child.send_signal(sig)
+        try:
+            return child.wait(timeout=grace_s), True
+        except subprocess.TimeoutExpired:
+            continue
+    child.kill()
+    return child.wait(), True
 
 
 def _run_child(
-    argv: list[str], run: RunSession, sample_hz: float, stdout_to_stderr: bool, env: dict
+    argv: list[str],
+    run: RunSession,
+    sample_hz: float,
+    stdout_to_stderr: bool,
+    env: dict,
+    duration_s: float | None = None,
 ) -> int:
     gpus = run.writer.meta.get("environment", {}).get("gpus") or []
     try:
@@ -121,7 +152,7 @@ def _run_child(
     t0 = time.perf_counter()
     try:
         with run.monitor(probes, hz=sample_hz):
-            returncode = child.wait()
+            returncode, stopped = _wait(child, duration_s)
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
@@ -133,6 +164,8 @@ def _run_child(
     tracker = read_tracker_summary(run.dir)
     if tracker:
         summary.update(tracker)
+    if stopped:
+        summary["stop_reason"] = "duration"
     summary.setdefault("tracking_us_per_step", None)
     gpu_df = run.writer.read_series("gpu")
     # No energy per sample here: the command's samples and its wall window do not line up.
@@ -142,7 +175,9 @@ def _run_child(
     summary["host"] = summarize_host(run.writer.read_series("host"), t0_unix, t1_unix)
     summary.update(run.monitor_costs())
     run.set_summary(summary)
-    if interrupted:
+    if stopped and not interrupted:
+        pass  # stopped by gpulens at --duration, as asked: a finished run
+    elif interrupted:
         run.end_as("killed", f"stopped by signal {signal.Signals(interrupted[0]).name}")
     elif returncode < 0 and -returncode in (signal.SIGINT, signal.SIGTERM):
         run.end_as("killed", f"stopped by signal {signal.Signals(-returncode).name}")
