@@ -18,8 +18,8 @@ from torch.utils.data import DataLoader, Dataset
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--model", default="resnet50")
-parser.add_argument("--batch-size", type=int, default=256)
-parser.add_argument("--steps", type=int, default=150)
+parser.add_argument("-b", "--batch-size", type=int, default=256)
+parser.add_argument("--steps", type=int, default=150, help="measured steps (then it stops)")
 parser.add_argument("--warmup", type=int, default=30)
 parser.add_argument("--workers", type=int, default=8)
 parser.add_argument("--size", type=int, default=224)

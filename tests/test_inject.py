@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from signals import default_sigint
 
 from gpulens.record.reader import read_record
 
@@ -38,13 +40,14 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def gpulens_run(tmp_path: Path, script: Path, *flags: str, env_extra=None):
+def gpulens_run(tmp_path: Path, script: Path, *flags: str, env_extra=None, preexec=None):
     env = {"GPULENS_HOME": str(tmp_path / "home"), "PATH": "/usr/bin:/bin",
            **(env_extra or {})}  # fmt: skip
     proc = subprocess.run(
         [sys.executable, "-m", "gpulens.cli", "run", "--no-store", "--json", *flags, "--",
          sys.executable, str(script)],
         capture_output=True, text=True, timeout=240, env={**os.environ, **env},
+        preexec_fn=preexec,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout), proc.stderr
@@ -119,10 +122,18 @@ def test_a_failure_in_the_hook_hands_back_the_real_iterator(monkeypatch, capsys)
     assert "could not be injected" in capsys.readouterr().err
 
 
+def _sigint_ignored() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 @pytest.mark.slow
-def test_duration_stops_an_endless_script_and_keeps_its_steps(tmp_path):
+@pytest.mark.parametrize("sigint", ["default", "ignored"])
+def test_duration_stops_an_endless_script_and_keeps_its_steps(tmp_path, sigint):
+    """Stopped as Ctrl-C would; a job started in the background (SIGINT ignored, inherited by
+    the script) is stopped by SIGTERM, which the injected script turns into a clean exit."""
     path = tmp_path / "endless.py"
     path.write_text(SCRIPT.replace("for epoch in range(2):", "while True:"))
-    doc, err = gpulens_run(tmp_path, path, "--duration", "8")
+    preexec = default_sigint if sigint == "default" else _sigint_ignored
+    doc, err = gpulens_run(tmp_path, path, "--duration", "8", preexec=preexec)
     assert doc["status"] == "finished" and doc.get("stop_reason") == "duration", err[-1500:]
     assert doc["measured_steps"] > 10 and doc["throughput_samples_per_s"] > 0

@@ -23,7 +23,8 @@ from gpulens.run import RunSession, measured_run
 
 log = logging.getLogger(__name__)
 
-STOP_GRACE_S = 30.0  # after SIGINT at --duration, then after SIGTERM, before SIGKILL
+SIGINT_GRACE_S = 10.0  # at --duration: SIGINT, this long, then SIGTERM
+STOP_GRACE_S = 30.0  # after SIGTERM, before SIGKILL
 
 
 @dataclass
@@ -57,7 +58,7 @@ def run_command(
     off stdout (for ``--json``). ``role``: the run's part in an experiment (``stalls:cached``).
     ``inject``: time the steps of an unmodified Python script (:mod:`gpulens.launch.injection`).
     ``duration_s``: stop the command after this long as Ctrl-C would (SIGINT; SIGTERM after
-    :data:`STOP_GRACE_S`); the run then ends ``finished`` with ``stop_reason: duration``."""
+    :data:`SIGINT_GRACE_S`); the run then ends ``finished`` with ``stop_reason: duration``."""
     if not argv:
         raise UsageError("no command given: gpulens run -- python train.py ...")
     extra_env = dict(extra_env or {})
@@ -105,7 +106,9 @@ def _wait(child, duration_s: float | None) -> tuple[int, bool]:
         return child.wait(timeout=duration_s), False
     except subprocess.TimeoutExpired:
         pass
-    for sig, grace_s in ((signal.SIGINT, STOP_GRACE_S), (signal.SIGTERM, STOP_GRACE_S)):
+    # SIGINT first (what Ctrl-C sends); a child started with SIGINT ignored (a background job)
+    # gets SIGTERM soon after, which an injected script turns into a clean exit.
+    for sig, grace_s in ((signal.SIGINT, SIGINT_GRACE_S), (signal.SIGTERM, STOP_GRACE_S)):
         child.send_signal(sig)
         try:
             return child.wait(timeout=grace_s), True

@@ -21,6 +21,7 @@ import importlib.abc
 import importlib.util
 import logging
 import os
+import signal
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -157,12 +158,21 @@ HOOKS: dict[str, Callable[[Any], None]] = {
 }
 
 
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
 def install() -> bool:
-    """Hook the script's loaders and optimizers once torch is imported (or now, if it is)."""
+    """Hook the script's loaders and optimizers once torch is imported (or now, if it is).
+    SIGTERM, where it would kill the script outright, ends it through ``SystemExit`` instead,
+    so that its steps are written at exit (how ``gpulens run --duration`` stops a script whose
+    SIGINT is ignored, as in a job started in the background)."""
     if _state["installed"] or os.environ.get(INJECT_ENV) != "1":
         return False
     _state["installed"] = True
     try:
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _exit_on_sigterm)
         pending = {}
         for name, hook in HOOKS.items():
             if name in sys.modules:
