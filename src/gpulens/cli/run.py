@@ -25,7 +25,10 @@ DEMO_HELP = (
     "store the run and print what was measured. Works on CPU-only machines."
 )
 # The options of `gpulens run` that a command after `--` takes too (parameter names).
-COMMAND_OPTIONS = {"target", "sample_hz", "name", "store", "json_out", "inject", "duration"}
+COMMAND_OPTIONS = {
+    "target", "sample_hz", "name", "store", "json_out", "inject", "duration", "prometheus_port",
+    "prometheus_host",
+}  # fmt: skip
 
 
 def register_run(app: typer.Typer) -> None:
@@ -110,9 +113,9 @@ def command_json(result) -> dict[str, Any]:
     }
 
 
-def train_and_store(config, store: bool, kind: str = "train", label: str = "run"):
+def train_and_store(config, store: bool, kind: str = "train", label: str = "run", metrics=None):
     """Run built-in training with progress on stderr; the record reaches the store on every
-    exit path (finished, failed, killed)."""
+    exit path (finished, failed, killed). ``metrics``: serve Prometheus metrics meanwhile."""
     from gpulens.run import interrupts
 
     with interrupts.held():  # a Ctrl-C during torch's import is lost or aborts the process
@@ -125,7 +128,7 @@ def train_and_store(config, store: bool, kind: str = "train", label: str = "run"
             progress.count(step, total, what)
 
         try:
-            result = run_training(config, runs_dir(), progress=on_step, kind=kind)
+            result = run_training(config, runs_dir(), progress=on_step, kind=kind, metrics=metrics)
         except BaseException as exc:  # failed and killed runs reach the store too
             common.store_record(getattr(exc, "gpulens_record_dir", None), store)
             raise
@@ -209,12 +212,29 @@ def run(
         help="With a Python command: time its steps (DataLoader batches, optimizer steps) "
         "with no change to the script.",
     ),
+    prometheus_port: int = typer.Option(
+        None,
+        "--prometheus-port",
+        help="Serve Prometheus /metrics on this port while the run lives (dcgm-exporter's "
+        "GPU metric names, plus gpulens_* step time, data wait and throughput).",
+    ),
+    prometheus_host: str = typer.Option(
+        "127.0.0.1", "--prometheus-host", help="Address for /metrics (0.0.0.0: every interface)."
+    ),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     found = common.resolve_target(target, example="gpulens run -- python train.py ...")
+    metrics = None
+    if prometheus_port is not None:
+        from gpulens.web.metrics import MetricsEndpoint
+
+        metrics = MetricsEndpoint(prometheus_port, prometheus_host)
+        metrics.check_free()
     if found.is_command:
         common.reject_workload_only_options(ctx, COMMAND_OPTIONS)
-        run_command(list(found.command), sample_hz, name, store, json_out, inject, duration)
+        run_command(
+            list(found.command), sample_hz, name, store, json_out, inject, duration, metrics
+        )
         return
 
     from gpulens.workloads.config import TrainConfig
@@ -243,7 +263,7 @@ def run(
         storage_bandwidth_bytes_per_s=common.mb_per_s_to_bytes(bandwidth_mb_s),
         skip_bad_samples=skip_bad_samples,
     )
-    show_training(train_and_store(config, store), json_out)
+    show_training(train_and_store(config, store, metrics=metrics), json_out)
 
 
 class CommandFailed(GpulensError):
@@ -264,6 +284,7 @@ def run_command(
     json_out: bool,
     inject: bool = True,
     duration_s: float | None = None,
+    metrics=None,
 ) -> None:
     if duration_s is not None and duration_s <= 0:
         raise UsageError(f"--duration must be positive seconds, got {duration_s}")
@@ -273,7 +294,7 @@ def run_command(
     common.err.print(Text(f"monitoring: {' '.join(argv)}", style="dim"), soft_wrap=True)
     result = monitor_command(
         argv, runs_dir(), sample_hz=sample_hz, name=name, stdout_to_stderr=json_out,
-        inject=inject, duration_s=duration_s,
+        inject=inject, duration_s=duration_s, metrics=metrics,
     )  # fmt: skip
     common.store_record(result.record_dir, store)
     if json_out:

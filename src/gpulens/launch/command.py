@@ -48,6 +48,7 @@ def run_command(
     role: str | None = None,
     inject: bool = True,
     duration_s: float | None = None,
+    metrics=None,
 ) -> CommandResult:
     """Run ``argv`` to completion under the GPU and host monitor, in a run record of ``kind``.
     The child finds the run directory in ``$GPULENS_RUN_DIR`` (the tracking API uses it), plus
@@ -58,7 +59,8 @@ def run_command(
     off stdout (for ``--json``). ``role``: the run's part in an experiment (``stalls:cached``).
     ``inject``: time the steps of an unmodified Python script (:mod:`gpulens.launch.injection`).
     ``duration_s``: stop the command after this long as Ctrl-C would (SIGINT; SIGTERM after
-    :data:`SIGINT_GRACE_S`); the run then ends ``finished`` with ``stop_reason: duration``."""
+    :data:`SIGINT_GRACE_S`); the run then ends ``finished`` with ``stop_reason: duration``.
+    ``metrics``: a :class:`gpulens.web.metrics.MetricsEndpoint` serving Prometheus metrics."""
     if not argv:
         raise UsageError("no command given: gpulens run -- python train.py ...")
     extra_env = dict(extra_env or {})
@@ -74,7 +76,7 @@ def run_command(
     }
     name = name or Path(argv[0]).name
     with measured_run(
-        runs_root, kind=kind, name=name, role=role, requested_config=requested
+        runs_root, kind=kind, name=name, role=role, requested_config=requested, metrics=metrics
     ) as run:
         returncode = _run(argv, run, sample_hz, stdout_to_stderr, extra_env, inject, duration_s)
     result = run.result()

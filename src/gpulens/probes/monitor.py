@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpulens.errors import RuntimeFailure
+from gpulens.errors import RuntimeFailure, UsageError
 from gpulens.launch.processes import forget, reap, spawn
 from gpulens.probes.base import Probe
 from gpulens.record.writer import RunWriter, SeriesWriter
@@ -137,7 +137,7 @@ class Monitor:
     (sampled in a thread). Use as a context manager.
     """
 
-    def __init__(self, writer: RunWriter, probes: list, hz: float = 10.0):
+    def __init__(self, writer: RunWriter, probes: list, hz: float = 10.0, metrics=None):
         if hz <= 0:
             raise ValueError("sampling rate must be positive")
         self.writer = writer
@@ -155,11 +155,20 @@ class Monitor:
         self._wall_s = 0.0
         self._sampler_wall_s: float | None = None
         self.unsupported: dict[str, str] = {}
+        self.metrics = metrics  # a web.metrics.MetricsEndpoint: serve /metrics while sampling
+        self.metrics_url: str | None = None
+        self._metrics_server = None
 
     # --- thread mode ----------------------------------------------------------------------
     def _start_thread(self) -> None:
         series = {p.name: self.writer.series(p.name, p.schema) for p in self._probes}
         self.unsupported = probe_unsupported(self._probes)
+        if self.metrics is not None:
+            from gpulens.web.metrics import start_live_metrics
+
+            self._metrics_server, self.metrics_url, series = start_live_metrics(
+                self.metrics, self.writer.dir, series
+            )
 
         def run():
             self._result = sample_loop(
@@ -174,6 +183,7 @@ class Monitor:
     # --- process mode ---------------------------------------------------------------------
     def _start_process(self) -> None:
         specs = json.dumps([asdict(s) for s in self._probes])
+        metrics_args = ["--metrics", self.metrics.as_arg()] if self.metrics else []
         src_root = str(Path(__file__).resolve().parents[2])
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [src_root, env.get("PYTHONPATH")]))
@@ -181,11 +191,14 @@ class Monitor:
         # stops the sampler itself; SIGTERM (handled as "stop") when gpulens dies.
         self._proc = spawn(
             [sys.executable, "-m", "gpulens.probes.sampler_process", "--run-dir",
-             str(self.writer.dir), "--hz", str(self.hz), "--specs", specs],
+             str(self.writer.dir), "--hz", str(self.hz), "--specs", specs, *metrics_args],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
             death_signal=signal.SIGTERM, own_group=True,
         )  # fmt: skip
         ready = self._read_message(READY_TIMEOUT_S)
+        if ready and ready.get("error"):  # e.g. the --prometheus-port is taken
+            reap(self._proc, grace_s=1.0)
+            raise UsageError(ready["error"])
         if not ready or "ready" not in ready:
             reap(self._proc, grace_s=1.0)
             raise RuntimeFailure(
@@ -193,6 +206,7 @@ class Monitor:
                 f"error above (got {ready!r})"
             )
         self.unsupported = ready.get("unsupported", {})
+        self.metrics_url = ready.get("metrics_url")
 
     def _read_message(self, timeout_s: float) -> dict[str, Any] | None:
         result: list[str] = []
@@ -214,6 +228,9 @@ class Monitor:
             self._start_thread()
         if self.unsupported:
             self.writer.update(unsupported=self.unsupported)
+        if self.metrics_url:
+            self.writer.update(metrics_url=self.metrics_url)
+            log.info("Prometheus metrics at %s", self.metrics_url)
         self._t0 = time.monotonic()
         return self
 
@@ -221,6 +238,9 @@ class Monitor:
         if self._wall_s:
             return self.overhead()
         self._wall_s = time.monotonic() - self._t0
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+            self._metrics_server.server_close()
         if self._thread is not None:
             self._stop.set()
             self._thread.join(timeout=10)

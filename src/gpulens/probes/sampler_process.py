@@ -35,12 +35,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--run-dir", required=True)
     ap.add_argument("--hz", type=float, required=True)
     ap.add_argument("--specs", required=True)
+    ap.add_argument("--metrics", default=None, help="serve /metrics at HOST|PORT")
     args = ap.parse_args(argv)
     probes = [build_probe(ProbeSpec(**s)) for s in json.loads(args.specs)]
     series_dir = f"{args.run_dir}/{schema.SERIES_DIR}"
     series = {p.name: SeriesWriter(f"{series_dir}/{p.name}", p.schema) for p in probes}
+    writers = dict(series)
+    ready = {"ready": True, "unsupported": probe_unsupported(probes)}
+    if args.metrics:
+        from gpulens.errors import UsageError
+        from gpulens.web.metrics import MetricsEndpoint, start_live_metrics
+
+        try:
+            _server, url, series = start_live_metrics(
+                MetricsEndpoint.from_arg(args.metrics), args.run_dir, series
+            )
+            ready["metrics_url"] = url
+        except UsageError as exc:
+            for s in writers.values():
+                s.close(compact=True)
+            with contextlib.suppress(BrokenPipeError):
+                print(json.dumps({"ready": False, "error": str(exc)}), flush=True)
+            return 2
     with contextlib.suppress(BrokenPipeError):
-        print(json.dumps({"ready": True, "unsupported": probe_unsupported(probes)}), flush=True)
+        print(json.dumps(ready), flush=True)
 
     def watch_stdin():
         with contextlib.suppress(Exception):
@@ -51,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     samples, cpu_s = sample_loop(probes, series, 1.0 / args.hz, stop.is_set, stop.wait)
     wall_s = time.monotonic() - t0
-    for s in series.values():
+    for s in writers.values():
         s.close(compact=True)
     for p in probes:
         with contextlib.suppress(Exception):  # closing must not lose the report below

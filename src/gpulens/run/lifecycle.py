@@ -38,8 +38,9 @@ log = logging.getLogger(__name__)
 class RunSession:
     """A live run: its writer, its monitor, and how it should end."""
 
-    def __init__(self, writer: RunWriter):
+    def __init__(self, writer: RunWriter, metrics=None):
         self.writer = writer
+        self.metrics = metrics  # a web.metrics.MetricsEndpoint the monitor serves, or None
         self.oom_hint: str | None = None
         self._monitor: Monitor | None = None
         self._end: tuple[str, str | None] | None = None
@@ -72,8 +73,8 @@ class RunSession:
 
     def monitor(self, probes: list, hz: float = 10.0) -> Monitor:
         """The GPU and host monitor for the measured part (a context manager); its costs go
-        into ``monitor_costs()``."""
-        self._monitor = Monitor(self.writer, probes, hz=hz)
+        into ``monitor_costs()``. With ``metrics``, it serves Prometheus ``/metrics`` too."""
+        self._monitor = Monitor(self.writer, probes, hz=hz, metrics=self.metrics)
         return self._monitor
 
     def monitor_costs(self) -> dict[str, Any]:
@@ -106,11 +107,13 @@ def measured_run(
     capture_environment: bool = True,
     gpu_indices: list[int] | None = None,
     writer: RunWriter | None = None,
+    metrics=None,
 ) -> Iterator[RunSession]:
     """Open a run record, capture the environment, yield a ``RunSession``, and end the record
     on every exit path (see the module docstring). ``writer`` adopts a record opened earlier
     (e.g. by a launcher) instead of making one; ``gpu_indices`` limits the environment's GPU
-    list (default: all GPUs NVML sees)."""
+    list (default: all GPUs NVML sees); ``metrics`` (a
+    :class:`gpulens.web.metrics.MetricsEndpoint`) serves Prometheus metrics while it samples."""
     if writer is None:
         writer = RunWriter(
             runs_root,
@@ -119,7 +122,7 @@ def measured_run(
             requested_config=dict(requested_config or {}),
             role=role,
         )
-    session = RunSession(writer)
+    session = RunSession(writer, metrics)
     try:
         if capture_environment:
             from gpulens.probes.environment import capture_environment as capture

@@ -157,7 +157,13 @@ def _check_devices(config, world: int) -> str:
 
 
 def run_distributed(
-    config, spec: WorkloadSpec, runs_root: Path, progress, kind: str, role: str | None = None
+    config,
+    spec: WorkloadSpec,
+    runs_root: Path,
+    progress,
+    kind: str,
+    role: str | None = None,
+    metrics=None,
 ) -> RunResult:
     """``run_training`` for ``config.gpus`` > 1 processes."""
     world = config.gpus
@@ -176,6 +182,7 @@ def run_distributed(
         name=config.name or f"{spec.name}-{world}x{device_type}-b{eff.batch_size}",
         requested_config=asdict(config),
         role=role,
+        metrics=metrics,
     ) as run:
         run.oom_hint = oom_message(eff.batch_size, device0)
         if device_type == "cuda" and "NCCL_DEBUG" not in os.environ:

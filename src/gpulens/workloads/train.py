@@ -37,14 +37,16 @@ def run_training(
     progress: ProgressFn | None = None,
     kind: str = "train",
     role: str | None = None,
+    metrics=None,
 ) -> RunResult:
     """Train ``config.workload`` under the monitor and write a complete run record; ``role``
-    is the run's part in an experiment (``stalls:cached``), stored in run.json."""
+    is the run's part in an experiment (``stalls:cached``), stored in run.json; ``metrics``
+    (a :class:`gpulens.web.metrics.MetricsEndpoint`) serves Prometheus metrics meanwhile."""
     spec = get_workload(config.workload)
     if config.gpus > 1:
         from gpulens.workloads.distributed import run_distributed
 
-        return run_distributed(config, spec, runs_root, progress, kind, role)
+        return run_distributed(config, spec, runs_root, progress, kind, role, metrics)
     device = resolve_device(config.device)
     eff = resolve_config(config, spec, device)
     torch.manual_seed(config.seed)
@@ -57,6 +59,7 @@ def run_training(
         name=config.name or f"{spec.name}-{device.type}-b{eff.batch_size}",
         requested_config=asdict(config),
         role=role,
+        metrics=metrics,
     ) as run:
         run.oom_hint = oom_message(eff.batch_size, device)
         nvml_index = nvml_index_for(device)
