@@ -123,7 +123,7 @@ def colocate(
         max_slowdown=max_slowdown,
         name=name,
     )
-    with common.progress("colocate") as progress:
+    with common.progress("colocate") as progress, common.live_store(store):
         doc = run_colocate(config, runs_dir(), progress=progress.phase)
     if doc.get("run_id"):
         common.store_record(runs_dir() / doc["run_id"], store)

@@ -7,6 +7,7 @@ so a test patches one name here and every command sees it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 import sys
@@ -75,6 +76,23 @@ def store_record(record_dir: Path | None, enabled: bool) -> str | None:
     if outcome.status in ("unavailable", "failed", "pending"):
         warn("not stored in MLflow: ", outcome.message)
     return outcome.mlflow_run_id
+
+
+@contextlib.contextmanager
+def live_store(enabled: bool):
+    """While the block runs, the runs it makes are logged to MLflow live (a follower process,
+    :mod:`gpulens.store.live`); ``store_record`` completes them at the end."""
+    follower = None
+    if enabled:
+        from gpulens.paths import runs_dir
+        from gpulens.store.live import start_follower
+
+        follower = start_follower(runs_dir())
+    try:
+        yield
+    finally:
+        if follower is not None:
+            follower.stop()
 
 
 # --------------------------------------------------------------- workload or command

@@ -128,7 +128,10 @@ def train_and_store(config, store: bool, kind: str = "train", label: str = "run"
             progress.count(step, total, what)
 
         try:
-            result = run_training(config, runs_dir(), progress=on_step, kind=kind, metrics=metrics)
+            with common.live_store(store):
+                result = run_training(
+                    config, runs_dir(), progress=on_step, kind=kind, metrics=metrics
+                )
         except BaseException as exc:  # failed and killed runs reach the store too
             common.store_record(getattr(exc, "gpulens_record_dir", None), store)
             raise
@@ -292,10 +295,11 @@ def run_command(
     from gpulens.report.terminal import render_command_summary
 
     common.err.print(Text(f"monitoring: {' '.join(argv)}", style="dim"), soft_wrap=True)
-    result = monitor_command(
-        argv, runs_dir(), sample_hz=sample_hz, name=name, stdout_to_stderr=json_out,
-        inject=inject, duration_s=duration_s, metrics=metrics,
-    )  # fmt: skip
+    with common.live_store(store):
+        result = monitor_command(
+            argv, runs_dir(), sample_hz=sample_hz, name=name, stdout_to_stderr=json_out,
+            inject=inject, duration_s=duration_s, metrics=metrics,
+        )  # fmt: skip
     common.store_record(result.record_dir, store)
     if json_out:
         common.emit_json(command_json(result))

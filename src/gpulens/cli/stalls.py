@@ -135,7 +135,8 @@ def stalls(
             def on_step(step: int, total: int | None, _elapsed_s: float, _info) -> None:
                 progress.count(step, total)
 
-            result = run_stalls(config, runs_dir(), progress=progress.phase, on_step=on_step)
+            with common.live_store(store):
+                result = run_stalls(config, runs_dir(), progress=progress.phase, on_step=on_step)
     repeated = (run_id for ids in result.all_runs.values() for run_id in ids)
     for run_id in {*result.runs.values(), *repeated}:
         if run_id:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import posixpath
 import re
 from collections.abc import Callable, Iterable
@@ -162,8 +163,15 @@ def system_metric_key(source: str, column: str, gpu_index: int | None = None) ->
     return f"{SYSTEM_PREFIX}host_{column}", 1.0
 
 
-def series_metrics(record: RunRecord, max_points: int = MAX_SERIES_POINTS) -> list[tuple]:
-    """``(key, value, timestamp_ms, step)`` points for MLflow, at most ``max_points`` per key.
+def series_metrics(
+    record: RunRecord,
+    max_points: int = MAX_SERIES_POINTS,
+    after_unix_s: float | None = None,
+    until_unix_s: float | None = None,
+) -> list[tuple]:
+    """``(key, value, timestamp_ms, step)`` points for MLflow, at most ``max_points`` per key;
+    only samples after ``after_unix_s`` and up to ``until_unix_s`` where given (live logging
+    sends a running record's series in such windows).
 
     GPU and host samples go under ``system/`` (see :func:`system_metric_key`), so that MLflow's
     UI shows them as system metrics; their step is the elapsed time in milliseconds since the
@@ -178,6 +186,14 @@ def series_metrics(record: RunRecord, max_points: int = MAX_SERIES_POINTS) -> li
         if "time_unix_s" in df.columns and df["time_unix_s"].notna().any()
     ]
     t0_s = float(min(times)) if times else 0.0
+    if after_unix_s is not None or until_unix_s is not None:
+        low = -math.inf if after_unix_s is None else after_unix_s
+        high = math.inf if until_unix_s is None else until_unix_s
+        frames = {
+            n: df[(df["time_unix_s"] > low) & (df["time_unix_s"] <= high)]
+            for n, df in frames.items()
+            if "time_unix_s" in df.columns
+        }
     points: list[tuple] = []
 
     def add(

@@ -154,15 +154,23 @@ def synced_run_id(record: RunRecord, tracking_uri: str, experiment: str) -> str 
     return None
 
 
-def _write_sidecar(record: RunRecord, entry: dict[str, Any]) -> None:
+def _write_sidecar(record: RunRecord, entry: dict[str, Any], key: str = "synced") -> None:
     doc = _read_sidecar(record)
-    doc["synced"] = [
+    doc[key] = [
         e
-        for e in doc["synced"]
+        for e in doc.get(key) or []
         if (e.get("tracking_uri"), e.get("experiment"))
         != (entry["tracking_uri"], entry["experiment"])
     ] + [entry]
     atomic_write_json(record.dir / SIDECAR_FILE, doc)
+
+
+def live_entry(record: RunRecord, tracking_uri: str, experiment: str) -> dict[str, Any] | None:
+    """How far live logging got with this record (:mod:`gpulens.store.live`), or None."""
+    for entry in _read_sidecar(record).get("live") or []:
+        if entry.get("tracking_uri") == tracking_uri and entry.get("experiment") == experiment:
+            return entry
+    return None
 
 
 def _chunks(items: list, size: int) -> Iterable[list]:
@@ -291,8 +299,15 @@ def _log_record_once(mlflow, record: RunRecord, uri: str, experiment: str) -> st
                 raise
             # the store was wiped or the run purged: log it again
     experiment_id = _experiment_id(client, uri, experiment)
-    existing = _existing_run(client, experiment_id, record.run_id)
-    if existing is not None:
+    live = live_entry(record, uri, experiment)
+    existing = None
+    if live is None or not _alive(client, live["mlflow_run_id"]):
+        live, existing = None, _existing_run(client, experiment_id, record.run_id)
+    if live is not None:  # live logging began this MLflow run: complete it
+        mlflow_run_id, after = live["mlflow_run_id"], live.get("logged_until_unix_s")
+        fill = _log_into if live.get("into_user_run") else _fill
+        fill(client, mlflow_run_id, record, Metric, Param, RunTag, after)
+    elif existing is not None:
         mlflow_run_id = existing.info.run_id
     elif user_run is not None and _may_log_into(user_run, record):
         mlflow_run_id = _log_into(client, user_run.info.run_id, record, Metric, Param, RunTag)
@@ -318,10 +333,21 @@ def _may_log_into(user_run, record: RunRecord) -> bool:
     return not record.meta.get("role") and "gpulens.run_id" not in user_run.data.tags
 
 
+def _alive(client, mlflow_run_id: str) -> bool:
+    try:
+        return client.get_run(mlflow_run_id).info.lifecycle_stage != "deleted"
+    except Exception as exc:
+        if is_locked_error(exc):
+            raise
+        return False
+
+
 def _log_payload(client, mlflow_run_id: str, record: RunRecord, Metric, Param, RunTag,
-                 prefix: str = "", end_ms: int | None = None) -> None:  # fmt: skip
+                 prefix: str = "", end_ms: int | None = None,
+                 series_after: float | None = None) -> None:  # fmt: skip
     """Params, tags and metrics of ``record`` to an MLflow run; ``prefix`` before the summary
-    metrics and the params (not the series)."""
+    metrics and the params (not the series); only series points after ``series_after`` (what
+    live logging has not sent)."""
     tags = record_tags(record)
     params = [Param(prefix + k, v) for k, v in record_params(record).items()]
     tag_list = [RunTag(k, v) for k, v in tags.items()]
@@ -331,15 +357,18 @@ def _log_payload(client, mlflow_run_id: str, record: RunRecord, Metric, Param, R
         client.log_batch(mlflow_run_id, tags=batch, synchronous=True)
     ts_ms = end_ms or 0
     metrics = [Metric(prefix + k, v, ts_ms, 0) for k, v in record_metrics(record).items()]
-    metrics += [Metric(k, v, t, s) for k, v, t, s in series_metrics(record)]
+    points = series_metrics(record, after_unix_s=series_after)
+    metrics += [Metric(k, v, t, s) for k, v, t, s in points]
     for batch in _chunks(metrics, MAX_METRICS_PER_BATCH):
         client.log_batch(mlflow_run_id, metrics=batch, synchronous=True)
 
 
-def _log_into(client, mlflow_run_id: str, record: RunRecord, Metric, Param, RunTag) -> str:
+def _log_into(client, mlflow_run_id: str, record: RunRecord, Metric, Param, RunTag,
+              series_after: float | None = None) -> str:  # fmt: skip
     """The record into the user's run (left open: it is theirs to end)."""
     end_ms = iso_to_ms(record.meta.get("ended_at")) or iso_to_ms(record.meta.get("created_at"))
-    _log_payload(client, mlflow_run_id, record, Metric, Param, RunTag, "gpulens.", end_ms)
+    _log_payload(client, mlflow_run_id, record, Metric, Param, RunTag, "gpulens.", end_ms,
+                 series_after)  # fmt: skip
     client.log_artifacts(mlflow_run_id, str(record.dir), artifact_path=f"gpulens/{record.run_id}")
     client.set_tag(mlflow_run_id, "gpulens.synced", "true")
     return mlflow_run_id
@@ -351,19 +380,68 @@ def _log_new(
 ) -> str:  # fmt: skip
     meta = record.meta
     start_ms = iso_to_ms(meta.get("created_at"))
-    end_ms = iso_to_ms(meta.get("ended_at")) or iso_to_ms(meta.get("heartbeat_at")) or start_ms
     first_tags = {"gpulens.run_id": record.run_id}
     if parent_run_id:
         first_tags["mlflow.parentRunId"] = parent_run_id  # shown nested under it in the UI
     run = client.create_run(
         experiment_id, start_time=start_ms, tags=first_tags, run_name=meta.get("name")
     )
-    mlflow_run_id = run.info.run_id
-    _log_payload(client, mlflow_run_id, record, Metric, Param, RunTag, end_ms=end_ms)
+    return _fill(client, run.info.run_id, record, Metric, Param, RunTag)
+
+
+def _fill(client, mlflow_run_id: str, record: RunRecord, Metric, Param, RunTag,
+          series_after: float | None = None) -> str:  # fmt: skip
+    """Everything of an ended record into a run of its own, which then ends."""
+    meta = record.meta
+    start_ms = iso_to_ms(meta.get("created_at"))
+    end_ms = iso_to_ms(meta.get("ended_at")) or iso_to_ms(meta.get("heartbeat_at")) or start_ms
+    _log_payload(client, mlflow_run_id, record, Metric, Param, RunTag, end_ms=end_ms,
+                 series_after=series_after)  # fmt: skip
     client.log_artifacts(mlflow_run_id, str(record.dir), artifact_path=ARTIFACT_PATH)
     client.set_tag(mlflow_run_id, "gpulens.synced", "true")
     client.set_terminated(mlflow_run_id, status=_MLFLOW_STATUS[record.status], end_time=end_ms)
     return mlflow_run_id
+
+
+def log_live(
+    record: RunRecord, tracking_uri: str, experiment: str, until_unix_s: float | None,
+    max_points: int,
+) -> str:  # fmt: skip
+    """Log a running record's series points up to ``until_unix_s`` (all, when None) that
+    earlier calls have not, to its live MLflow run, made at the first call (see
+    :mod:`gpulens.store.live`); returns that run's id."""
+    mlflow = _import_mlflow()
+    from mlflow.entities import Metric
+
+    client = mlflow.MlflowClient(tracking_uri=tracking_uri)
+    with mlflow_http_limits(), store_lock(tracking_uri):
+        user_run = _user_run(client, tracking_uri)
+        if user_run is not None:
+            experiment = client.get_experiment(user_run.info.experiment_id).name
+        entry = live_entry(record, tracking_uri, experiment)
+        if entry is None:
+            entry = {"tracking_uri": tracking_uri, "experiment": experiment,
+                     "logged_until_unix_s": None}  # fmt: skip
+            if user_run is not None and _may_log_into(user_run, record):
+                entry.update(mlflow_run_id=user_run.info.run_id, into_user_run=True)
+            else:
+                tags = {"gpulens.run_id": record.run_id, "gpulens.live": "true"}
+                if user_run is not None:
+                    tags["mlflow.parentRunId"] = user_run.info.run_id
+                run = client.create_run(
+                    _experiment_id(client, tracking_uri, experiment),
+                    start_time=iso_to_ms(record.meta.get("created_at")),
+                    tags=tags, run_name=record.meta.get("name"),
+                )  # fmt: skip
+                entry.update(mlflow_run_id=run.info.run_id, into_user_run=False)
+        after = entry["logged_until_unix_s"]
+        points = series_metrics(record, max_points, after_unix_s=after, until_unix_s=until_unix_s)
+        metrics = [Metric(k, v, t, s) for k, v, t, s in points]
+        for batch in _chunks(metrics, MAX_METRICS_PER_BATCH):
+            client.log_batch(entry["mlflow_run_id"], metrics=batch, synchronous=True)
+        entry["logged_until_unix_s"] = time.time() if until_unix_s is None else until_unix_s
+        _write_sidecar(record, entry, key="live")
+    return entry["mlflow_run_id"]
 
 
 def sync_all(
