@@ -127,6 +127,7 @@ def colocate(
         doc = run_colocate(config, runs_dir(), progress=progress.phase)
     if doc.get("run_id"):
         common.store_record(runs_dir() / doc["run_id"], store)
+        common.store_experiment(store, colocate_record=runs_dir() / doc["run_id"])
     if json_out:
         common.emit_json(doc)
     else:

@@ -75,7 +75,60 @@ def store_record(record_dir: Path | None, enabled: bool) -> str | None:
     outcome = log_finished(record_dir)
     if outcome.status in ("unavailable", "failed", "pending"):
         warn("not stored in MLflow: ", outcome.message)
+    if outcome.status == "logged":
+        log_report_artifact(Path(record_dir))
     return outcome.mlflow_run_id
+
+
+def log_report_artifact(record_dir: Path) -> None:
+    """The run's figures (``gpulens report``'s page) into its MLflow run, where plotly is
+    installed; bounded wait, never raises."""
+    import importlib.util
+
+    if importlib.util.find_spec("plotly") is None:
+        return
+    import tempfile
+
+    from gpulens.record.reader import read_record
+    from gpulens.report.document import build_report
+    from gpulens.report.html import render_html
+    from gpulens.store.background import run_bounded
+    from gpulens.store.mlflow_experiment import log_report_page
+
+    def log_page() -> str | None:
+        record = read_record(record_dir)
+        title = f"gpulens: {record.meta.get('name') or record.run_id}"
+        with tempfile.TemporaryDirectory(prefix="gpulens-report-") as tmp:
+            page = Path(tmp) / "report.html"
+            page.write_text(render_html(build_report([record]), title), encoding="utf-8")
+            return log_report_page(record_dir, page)
+
+    run_bounded("the run's report page", log_page)
+
+
+def store_experiment(enabled: bool, *, stalls: tuple[dict, list[Path]] | None = None,
+                     colocate_record: Path | None = None) -> None:  # fmt: skip
+    """After an experiment's records are stored: a parent MLflow run over a stalls result's
+    runs, or a colocate run's trials as its child runs. Bounded wait, never raises."""
+    from gpulens.store import mlflow_sink
+    from gpulens.store.sink import store_enabled
+
+    if not enabled or not store_enabled() or not mlflow_sink.is_available():
+        return
+    from gpulens.store import mlflow_experiment
+    from gpulens.store.background import run_bounded
+
+    if stalls is not None:
+        result, dirs = stalls
+        run_bounded(
+            "the stalls experiment's MLflow parent run",
+            lambda: mlflow_experiment.log_stalls_experiment(result, dirs),
+        )
+    if colocate_record is not None:
+        run_bounded(
+            "the colocate trials' MLflow runs",
+            lambda: mlflow_experiment.log_colocate_trials(colocate_record),
+        )
 
 
 @contextlib.contextmanager

@@ -101,7 +101,7 @@ def stalls(
     )
     if found.is_command:
         common.reject_workload_only_options(ctx, COMMAND_OPTIONS)
-        with common.progress("stalls") as progress:
+        with common.progress("stalls") as progress, common.live_store(store):
             result = run_stalls_command(
                 list(found.command), data, runs_dir(), progress=progress.phase
             )
@@ -138,10 +138,12 @@ def stalls(
             with common.live_store(store):
                 result = run_stalls(config, runs_dir(), progress=progress.phase, on_step=on_step)
     repeated = (run_id for ids in result.all_runs.values() for run_id in ids)
-    for run_id in {*result.runs.values(), *repeated}:
-        if run_id:
-            common.store_record(runs_dir() / run_id, store)
+    run_ids = {*result.runs.values(), *repeated} - {None, ""}
+    run_dirs = sorted(runs_dir() / run_id for run_id in run_ids)
+    for run_dir in run_dirs:
+        common.store_record(run_dir, store)
     doc = result.as_dict()
+    common.store_experiment(store, stalls=(doc, run_dirs))
     if json_out:
         common.emit_json(doc)
     else:

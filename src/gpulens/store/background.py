@@ -20,6 +20,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -219,3 +220,26 @@ def wait_pending(timeout_s: float | None = None) -> list[StoreOutcome]:
                     _pending.remove(job)
         outcomes.append(outcome)
     return outcomes
+
+
+def run_bounded(what: str, fn: Callable[[], Any], budget_s: float | None = None) -> Any:
+    """``fn()`` in a background thread, waited for at most ``budget_s`` (default as
+    :func:`log_finished`); its result, or None after one warning naming ``what`` when it failed
+    or took too long. For the MLflow logging that follows the records (experiment parents)."""
+    budget = default_budget_s() if budget_s is None else max(0.0, float(budget_s))
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["result"] = fn()
+        except Exception as exc:  # best effort: the records are logged already
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, name="gpulens-store-extra", daemon=True)
+    thread.start()
+    thread.join(budget)
+    if thread.is_alive():
+        log.warning("gpulens: %s: still logging after %.0f s; left undone", what, budget)
+    elif "error" in box:
+        log.warning("gpulens: %s: not logged: %s", what, box["error"])
+    return box.get("result")

@@ -120,7 +120,7 @@ def store_status(home: Path | str | None = None, check: bool = True) -> dict[str
     }
 
 
-def _import_mlflow():
+def import_mlflow():
     try:
         import mlflow
     except ImportError:
@@ -187,7 +187,7 @@ def _artifact_location(uri: str, experiment: str) -> str | None:
     return None
 
 
-def _experiment_id(client, uri: str, experiment: str) -> str:
+def ensure_experiment(client, uri: str, experiment: str) -> str:
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         try:
@@ -241,7 +241,7 @@ def log_record(
             f"run {record.run_id} is still {record.status}: sync it once it has ended "
             "(`gpulens runs sync`)"
         )
-    mlflow = _import_mlflow()
+    mlflow = import_mlflow()
     uri = tracking_uri or default_tracking_uri()
     experiment = experiment or default_experiment()
     if check:
@@ -298,7 +298,7 @@ def _log_record_once(mlflow, record: RunRecord, uri: str, experiment: str) -> st
             if is_locked_error(exc):
                 raise
             # the store was wiped or the run purged: log it again
-    experiment_id = _experiment_id(client, uri, experiment)
+    experiment_id = ensure_experiment(client, uri, experiment)
     live = live_entry(record, uri, experiment)
     existing = None
     if live is None or not _alive(client, live["mlflow_run_id"]):
@@ -410,7 +410,7 @@ def log_live(
     """Log a running record's series points up to ``until_unix_s`` (all, when None) that
     earlier calls have not, to its live MLflow run, made at the first call (see
     :mod:`gpulens.store.live`); returns that run's id."""
-    mlflow = _import_mlflow()
+    mlflow = import_mlflow()
     from mlflow.entities import Metric
 
     client = mlflow.MlflowClient(tracking_uri=tracking_uri)
@@ -429,7 +429,7 @@ def log_live(
                 if user_run is not None:
                     tags["mlflow.parentRunId"] = user_run.info.run_id
                 run = client.create_run(
-                    _experiment_id(client, tracking_uri, experiment),
+                    ensure_experiment(client, tracking_uri, experiment),
                     start_time=iso_to_ms(record.meta.get("created_at")),
                     tags=tags, run_name=record.meta.get("name"),
                 )  # fmt: skip
@@ -464,7 +464,7 @@ def sync_all(
         if r.status in SYNCABLE_STATUSES and not synced_run_id(r, uri, experiment)
     ]
     if todo:
-        _import_mlflow()
+        import_mlflow()
         found = check_store(uri, REACHABILITY_TIMEOUT_S)  # once, quickly: not minutes per record
         if not found.ok:
             raise StoreUnavailableError(

@@ -1,0 +1,153 @@
+"""Experiments in MLflow as a parent run with child runs.
+
+- ``gpulens stalls``: a parent run of its own (named ``stalls <workload>``, tagged
+  ``gpulens.experiment=stalls``) holds the result document (artifact ``stalls.json``) and the
+  breakdown's numbers as metrics; each run the experiment made (ingestion-free, cached, cold,
+  paired...) is logged as usual and nested under it (MLflow's ``mlflow.parentRunId`` tag).
+- ``gpulens colocate``: the experiment's own run is the parent; every mechanism and setting
+  it tried becomes a child run (params ``mechanism``, ``setting``, ``status``; metrics: combined
+  throughput, fairness, energy per sample, and per job its throughput alone and together and its
+  slowdown), so MLflow's runs table compares the settings side by side.
+
+- The HTML report of a logged run (its figures) as an artifact of its MLflow run:
+  ``report.html`` in a run of its own, ``gpulens/<run id>/report.html`` in the user's run.
+
+The experiments are idempotent: a parent or trial already logged (tags ``gpulens.experiment_key``,
+``gpulens.trial``) is reused. The children must have been logged first (their MLflow run ids
+are read from the records' sidecars).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+from typing import Any
+
+from gpulens.paths import default_tracking_uri
+from gpulens.record.reader import read_record
+from gpulens.store import mlflow_sink
+from gpulens.store.availability import mlflow_http_limits, store_lock
+from gpulens.store.queries import flatten, is_number
+
+# MLflow metric keys: alphanumerics, underscores, dashes, periods, spaces and slashes.
+_BAD_KEY_CHARS = re.compile(r"[^\w\-. /]")
+MAX_METRICS = 500
+
+
+def _metric_key(key: str) -> str:
+    return _BAD_KEY_CHARS.sub("_", key)[:250]
+
+
+def _numbers(doc: dict[str, Any]) -> dict[str, float]:
+    flat = flatten(doc)
+    out = {_metric_key(k): float(v) for k, v in flat.items() if is_number(v)}
+    return dict(list(out.items())[:MAX_METRICS])
+
+
+def _find(client, experiment_id: str, tag: str, value: str):
+    safe = value.replace("'", "")
+    runs = client.search_runs([experiment_id], filter_string=f"tags.`{tag}` = '{safe}'")
+    return runs[0] if runs else None
+
+
+def _client(tracking_uri: str | None, experiment: str | None):
+    mlflow = mlflow_sink.import_mlflow()
+    uri = tracking_uri or default_tracking_uri()
+    experiment = experiment or mlflow_sink.default_experiment()
+    return mlflow.MlflowClient(tracking_uri=uri), uri, experiment
+
+
+def log_stalls_experiment(
+    result: dict[str, Any],
+    record_dirs: list[Path],
+    tracking_uri: str | None = None,
+    experiment: str | None = None,
+) -> str:
+    """A parent run for one ``gpulens stalls`` result, with its (already logged) runs nested
+    under it; returns the parent's MLflow run id."""
+    client, uri, experiment = _client(tracking_uri, experiment)
+    run_ids = sorted(Path(d).name for d in record_dirs)
+    key = "stalls:" + hashlib.sha1(",".join(run_ids).encode()).hexdigest()[:16]
+    with mlflow_http_limits(), store_lock(uri):
+        experiment_id = mlflow_sink.ensure_experiment(client, uri, experiment)
+        parent = _find(client, experiment_id, "gpulens.experiment_key", key)
+        if parent is None:
+            name = f"stalls {result.get('workload') or ''}".strip()
+            parent = client.create_run(
+                experiment_id,
+                run_name=name,
+                tags={"gpulens.experiment": "stalls", "gpulens.experiment_key": key,
+                      "gpulens.run_ids": ",".join(run_ids)[:5000]},
+            )  # fmt: skip
+            parent_id = parent.info.run_id
+            for name_value in _numbers(result).items():
+                client.log_metric(parent_id, *name_value)
+            client.log_dict(parent_id, result, "stalls.json")
+            client.set_terminated(parent_id)
+        parent_id = parent.info.run_id
+        for record_dir in record_dirs:
+            child = mlflow_sink.synced_run_id(read_record(Path(record_dir)), uri, experiment)
+            if child and child != parent_id:
+                client.set_tag(child, "mlflow.parentRunId", parent_id)
+    return parent_id
+
+
+def log_colocate_trials(
+    record_dir: Path, tracking_uri: str | None = None, experiment: str | None = None
+) -> list[str]:
+    """One child run per mechanism and setting under the (already logged) run of a
+    ``gpulens colocate`` record; returns their MLflow run ids."""
+    client, uri, experiment = _client(tracking_uri, experiment)
+    record = read_record(Path(record_dir))
+    parent_id = mlflow_sink.synced_run_id(record, uri, experiment)
+    if not parent_id:
+        return []
+    doc = (record.meta.get("summary") or {}).get("colocate") or {}
+    children = []
+    with mlflow_http_limits(), store_lock(uri):
+        experiment_id = client.get_run(parent_id).info.experiment_id
+        for trial in doc.get("results") or []:
+            mechanism, setting = trial.get("mechanism"), trial.get("setting")
+            tag = f"{record.run_id}:{mechanism}:{setting}"
+            found = _find(client, experiment_id, "gpulens.trial", tag)
+            if found is not None:
+                children.append(found.info.run_id)
+                continue
+            child = client.create_run(
+                experiment_id,
+                run_name=f"{mechanism} {setting}",
+                tags={"mlflow.parentRunId": parent_id, "gpulens.trial": tag,
+                      "gpulens.experiment": "colocate"},
+            )  # fmt: skip
+            child_id = child.info.run_id
+            for param in ("mechanism", "setting", "status"):
+                client.log_param(child_id, param, str(trial.get(param)))
+            metrics = {k: v for k, v in trial.items() if is_number(v)}
+            for job in trial.get("jobs") or []:
+                for field in ("throughput_alone", "throughput_together", "slowdown"):
+                    if is_number(job.get(field)):
+                        metrics[f"{job.get('name')}.{field}"] = job[field]
+            for name, value in metrics.items():
+                client.log_metric(child_id, _metric_key(name), float(value))
+            ok = trial.get("status") in (None, "ok")
+            client.set_terminated(child_id, status="FINISHED" if ok else "FAILED")
+            children.append(child_id)
+    return children
+
+
+def log_report_page(
+    record_dir: Path, html_path: Path, tracking_uri: str | None = None,
+    experiment: str | None = None,
+) -> str | None:  # fmt: skip
+    """The report page ``html_path`` of an already logged record as an artifact of its MLflow
+    run; returns that run's id (None when the record is not logged there)."""
+    client, uri, experiment = _client(tracking_uri, experiment)
+    record = read_record(Path(record_dir))
+    run_id = mlflow_sink.synced_run_id(record, uri, experiment)
+    if not run_id:
+        return None
+    own = client.get_run(run_id).data.tags.get("gpulens.run_id") == record.run_id
+    with mlflow_http_limits(), store_lock(uri):
+        client.log_artifact(run_id, str(html_path), None if own else f"gpulens/{record.run_id}")
+    return run_id
