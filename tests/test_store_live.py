@@ -139,3 +139,59 @@ def test_a_cpu_run_appears_in_mlflow_while_it_runs(tmp_path):
     run = client.get_run(seen)
     assert run.info.status == "FINISHED" and run.data.tags["gpulens.run_id"] == doc["run_id"]
     assert len(client.search_runs([run.info.experiment_id])) == 1
+
+
+USER_SCRIPT = """
+import sys
+import mlflow
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+mlflow.set_experiment("mine")
+with mlflow.start_run(run_name="users-run") as run:
+    mlflow.log_param("lr", 0.1)
+    model = torch.nn.Linear(8, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = DataLoader(TensorDataset(torch.randn(512, 8), torch.randint(0, 2, (512,))), 16)
+    tracker = None
+    if sys.argv[1] == "tracked":
+        import gpulens
+        tracker = gpulens.track(name="tracked")
+        data = tracker.data(data)
+    for _epoch in range(2):
+        for x, y in data:
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+    if tracker is not None:
+        tracker.close()
+    open(sys.argv[-1], "w").write(run.info.run_id)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["tracked", "injected"])
+def test_a_script_with_its_own_mlflow_run_gets_the_record_in_it(tmp_path, how):
+    """The script starts an MLflow run itself; gpulens's record is logged into that run (the
+    tracker notes it while it is active), not as a run beside it."""
+    script = tmp_path / "train.py"
+    script.write_text(USER_SCRIPT)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = {**os.environ, "GPULENS_HOME": str(tmp_path / "home"), "MLFLOW_TRACKING_URI": uri,
+           "GPULENS_MLFLOW_LIVE_S": "0"}  # fmt: skip
+    out = tmp_path / "user_run_id"
+    if how == "tracked":
+        argv = [sys.executable, str(script), "tracked", str(out)]
+    else:
+        argv = [sys.executable, "-m", "gpulens.cli", "run", "--",
+                sys.executable, str(script), "plain", str(out)]  # fmt: skip
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    user_run_id = out.read_text()
+    client = mlflow.MlflowClient(uri)
+    run = client.get_run(user_run_id)
+    assert run.data.params["lr"] == "0.1" and "gpulens.run_id" in run.data.tags
+    assert run.data.metrics["gpulens.measured_steps"] > 0
+    assert client.get_metric_history(user_run_id, "system/cpu_utilization_percentage")
+    everything = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert [r.info.run_id for r in everything] == [user_run_id]

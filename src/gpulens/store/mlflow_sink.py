@@ -51,6 +51,7 @@ from gpulens.store.mlflow_payload import (
     record_tags,
     series_metrics,
 )
+from gpulens.store.sink import ACTIVE_RUN, ACTIVE_URI
 
 log = logging.getLogger(__name__)
 
@@ -265,10 +266,19 @@ def default_experiment() -> str:
     return os.environ.get("MLFLOW_EXPERIMENT_NAME", "").strip() or DEFAULT_EXPERIMENT
 
 
-def _user_run(client, uri: str):
-    """The run ``$MLFLOW_RUN_ID`` names, or None when it is unset."""
+def _user_run(client, uri: str, record: RunRecord):
+    """The run ``$MLFLOW_RUN_ID`` names, else the run the script had active (the tracker
+    notes it in the summary) when it is in this store; None when there is neither."""
     run_id = os.environ.get("MLFLOW_RUN_ID", "").strip()
     if not run_id:
+        summary = record.meta.get("summary") or {}
+        if summary.get(ACTIVE_RUN) and summary.get(ACTIVE_URI) == uri:
+            try:
+                return client.get_run(summary[ACTIVE_RUN])
+            except Exception as exc:
+                if is_locked_error(exc):
+                    raise
+                log.info("the script's MLflow run %s is not in %s", summary[ACTIVE_RUN], uri)
         return None
     try:
         return client.get_run(run_id)
@@ -285,7 +295,7 @@ def _log_record_once(mlflow, record: RunRecord, uri: str, experiment: str) -> st
     from mlflow.entities import Metric, Param, RunTag
 
     client = mlflow.MlflowClient(tracking_uri=uri)
-    user_run = _user_run(client, uri)
+    user_run = _user_run(client, uri, record)
     if user_run is not None:
         experiment = client.get_experiment(user_run.info.experiment_id).name
     known = synced_run_id(record, uri, experiment)
@@ -415,7 +425,7 @@ def log_live(
 
     client = mlflow.MlflowClient(tracking_uri=tracking_uri)
     with mlflow_http_limits(), store_lock(tracking_uri):
-        user_run = _user_run(client, tracking_uri)
+        user_run = _user_run(client, tracking_uri, record)
         if user_run is not None:
             experiment = client.get_experiment(user_run.info.experiment_id).name
         entry = live_entry(record, tracking_uri, experiment)

@@ -12,12 +12,14 @@ answer) or :class:`~gpulens.errors.UsageError` (the record cannot be logged yet)
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 STORE_ENV = "GPULENS_STORE"
+ACTIVE_RUN, ACTIVE_URI = "mlflow_active_run_id", "mlflow_active_tracking_uri"
 
 
 @runtime_checkable
@@ -107,3 +109,19 @@ def default_sink(tracking_uri: str | None = None, experiment: str | None = None)
     if not store_enabled():
         return NullSink(f"{STORE_ENV} turns the store off")
     return MlflowSink(tracking_uri, experiment)
+
+
+def active_mlflow_run() -> dict[str, str]:
+    """The MLflow run active in this process (a script that called ``mlflow.start_run()``) as
+    fields for the record's summary (``mlflow_active_run_id``, ``mlflow_active_tracking_uri``),
+    so that the record is logged into it; empty where the script never imported MLflow."""
+    mlflow = sys.modules.get("mlflow")
+    if mlflow is None:
+        return {}
+    try:
+        run = mlflow.active_run()
+        if run is None:
+            return {}
+        return {ACTIVE_RUN: run.info.run_id, ACTIVE_URI: mlflow.get_tracking_uri()}
+    except Exception:  # whatever this MLflow is, the script's run is worth more than a hint
+        return {}

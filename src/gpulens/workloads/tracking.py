@@ -6,11 +6,10 @@
             ...                                            # forward, backward, optimizer
             tracker.step()                                 # optional: marks the end of the step
 
-Under ``gpulens run -- python train.py`` the steps go into the run that gpulens made (it already
-monitors the GPU and host); run on its own, the script gets a run record and monitor of its own,
-which is logged to the store (MLflow) in the background when the tracker closes (the process
-waits for it at most ``GPULENS_STORE_WAIT_S``, 30 s, at exit; ``track(store=False)`` or
-``GPULENS_STORE=0`` turns that off).
+Under ``gpulens run -- python train.py`` the steps go into the run that gpulens made; run on its
+own, the script gets a run record and monitor of its own, logged to MLflow in the background
+when the tracker closes (into the script's active MLflow run, if any; at exit the process waits
+at most ``GPULENS_STORE_WAIT_S``, 30 s; ``track(store=False)`` or ``GPULENS_STORE=0``: off).
 
 Under torchrun (``WORLD_SIZE`` > 1) every rank tracks its own steps into one run: per-rank
 steps and summaries, combined at the end (throughput summed over ranks, step time of the slowest
@@ -32,8 +31,7 @@ environment variables change what ``data()`` does (the script stays the same):
 ``GPULENS_FIRST_PASS_ONLY=1`` times only the first complete pass over the first ``data()`` loop
 (the pass that reads every file cold), later epochs untimed.
 
-Without any change to the script, ``gpulens run -- python train.py`` makes one tracker itself
-(:mod:`gpulens.workloads.inject`).
+Without any change to the script, ``gpulens run -- python train.py`` makes one tracker itself.
 """
 
 from __future__ import annotations
@@ -67,6 +65,7 @@ from gpulens.record.tracker import (
 )
 from gpulens.record.writer import SeriesWriter, atomic_write_json
 from gpulens.stats import throughput_ci
+from gpulens.store.sink import ACTIVE_URI, active_mlflow_run
 from gpulens.workloads.tracking_batches import (
     batch_size,
     describe_loader,
@@ -137,6 +136,7 @@ class Tracker:
         self._timer = StepTimer(None, cuda=False, warmup_steps=warmup_steps)
         self._broken = False  # hooks stopped after a failure inside gpulens
         self._failure: str | None = None  # what failed, kept in the summary
+        self._mlflow_run = active_mlflow_run()  # the script's, if one is active (or at close)
         self._closed = False
         self._in_step = False
         self._step_timed = False
@@ -227,11 +227,8 @@ class Tracker:
 
         # Under torchrun the launcher's process tree holds every rank of this node.
         root_pid = os.getppid() if self._group and "TORCHELASTIC_RUN_ID" in os.environ else None
-        self._monitor = Monitor(
-            self._owned_writer,
-            [ProbeSpec("gpu"), ProbeSpec("host", {"root_pid": root_pid or os.getpid()})],
-            sample_hz,
-        )
+        probes = [ProbeSpec("gpu"), ProbeSpec("host", {"root_pid": root_pid or os.getpid()})]
+        self._monitor = Monitor(self._owned_writer, probes, sample_hz)
         self._monitor.start()
 
     def _rank_doc(self, status: str, error: str | None = None, **summary: Any) -> dict[str, Any]:
@@ -428,6 +425,7 @@ class Tracker:
                 self._fail("close", exc)
         if self._failure:
             summary["tracking_error"] = self._failure
+        summary.update(active_mlflow_run() or self._mlflow_run)  # the record goes into it
         status, message = status_of(error)
         if self.ranks.distributed and self._rank_series is not None:
             self._close_rank(summary, status, message)
@@ -478,7 +476,7 @@ class Tracker:
         if self._store:
             from gpulens.store.background import log_finished
 
-            log_finished(writer.dir, block=False)
+            log_finished(writer.dir, block=False, tracking_uri=summary.get(ACTIVE_URI))
 
     def __enter__(self) -> Tracker:
         return self
