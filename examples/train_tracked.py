@@ -5,6 +5,7 @@ gpulens run -- python examples/train_tracked.py  # steps go into gpulens's run
 gpulens stalls --data DIR -- python examples/train_tracked.py --data DIR  # stall breakdown
 torchrun --nproc_per_node 2 examples/train_tracked.py              # data parallel: one run,
 gpulens run -- torchrun --nproc_per_node 2 examples/train_tracked.py  # steps per rank
+gpulens run -- python examples/train_tracked.py --no-track  # no ### lines: steps injected
 
 With --data DIR the script reads the files under DIR (any files: each sample is a file's first
 bytes, as a vector), so `gpulens stalls` can time it with the files in the page cache and cold.
@@ -13,6 +14,7 @@ CPU); gpulens times each rank and combines them.
 """
 
 import argparse
+import contextlib
 import os
 from pathlib import Path
 
@@ -26,6 +28,10 @@ parser.add_argument("--data", help="a folder of files to read (default: random t
 parser.add_argument("--epochs", type=int, default=3)
 parser.add_argument("--workers", type=int, default=0)
 parser.add_argument("--batch-size", type=int, default=128)
+parser.add_argument(
+    "--no-track", action="store_true", help="leave the ### lines out: a plain script, for "
+    "comparing the tracker API with `gpulens run`'s injection on the same loop"
+)  # fmt: skip
 args = parser.parse_args()
 
 
@@ -73,18 +79,22 @@ if distributed:
     model = DistributedDataParallel(model, device_ids=[device] if cuda else None)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 
-with gpulens.track(name="tracked-example") as tracker:  ###
+tracking = contextlib.nullcontext() if args.no_track else gpulens.track(name="tracked-example")
+with tracking as tracker:  ###
     for epoch in range(args.epochs):
         if sampler is not None:
             sampler.set_epoch(epoch)
         # device=: batches arrive on the device (under `gpulens stalls`, its ingestion-free run
         # repeats the first few batches already there instead of loading more)
-        for x, y in tracker.data(loader, device=device):  ### times the wait for each batch
+        batches = loader if tracker is None else tracker.data(loader, device=device)  ###
+        for x, y in batches:
+            x, y = x.to(device), y.to(device)  # a no-op where data() moved them
             loss = torch.nn.functional.cross_entropy(model(x), y)
             loss.backward()
             opt.step()
             opt.zero_grad()
-            tracker.step()  # optional: marks the end of the step explicitly
+            if tracker is not None:
+                tracker.step()  # optional: marks the end of the step explicitly
 if distributed:
     dist.destroy_process_group()
 if int(os.environ.get("RANK", "0")) == 0:

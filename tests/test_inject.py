@@ -137,3 +137,26 @@ def test_duration_stops_an_endless_script_and_keeps_its_steps(tmp_path, sigint):
     doc, err = gpulens_run(tmp_path, path, "--duration", "8", preexec=preexec)
     assert doc["status"] == "finished" and doc.get("stop_reason") == "duration", err[-1500:]
     assert doc["measured_steps"] > 10 and doc["throughput_samples_per_s"] > 0
+
+
+@pytest.mark.slow
+def test_steps_ends_an_endless_script_after_that_many_measured_steps(tmp_path):
+    path = tmp_path / "endless.py"
+    path.write_text(SCRIPT.replace("for epoch in range(2):", "while True:"))
+    doc, err = gpulens_run(tmp_path, path, "--steps", "25")
+    assert doc["status"] == "finished" and doc.get("stop_reason") == "steps", err[-1500:]
+    assert doc["measured_steps"] == 25 and doc["throughput_samples_per_s"] > 0
+
+
+def test_steps_with_a_command_needs_injection(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpulens.cli", "run", "--no-store", "--no-inject", "--steps", "5",
+         "--", sys.executable, "-c", "pass"],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "GPULENS_HOME": str(tmp_path / "home")},
+    )  # fmt: skip
+    assert proc.returncode == 2 and "drop --no-inject" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "home" / "runs").exists() or not any(
+        (tmp_path / "home" / "runs").iterdir()
+    )

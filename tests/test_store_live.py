@@ -185,7 +185,8 @@ def test_a_script_with_its_own_mlflow_run_gets_the_record_in_it(tmp_path, how):
     else:
         argv = [sys.executable, "-m", "gpulens.cli", "run", "--",
                 sys.executable, str(script), "plain", str(out)]  # fmt: skip
-    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=240)
+    # cwd: MLflow puts a new experiment's artifacts under ./mlruns
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=240, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     user_run_id = out.read_text()
     client = mlflow.MlflowClient(uri)

@@ -27,7 +27,7 @@ DEMO_HELP = (
 # The options of `gpulens run` that a command after `--` takes too (parameter names).
 COMMAND_OPTIONS = {
     "target", "sample_hz", "name", "store", "json_out", "inject", "duration", "prometheus_port",
-    "prometheus_host",
+    "prometheus_host", "steps",
 }  # fmt: skip
 
 
@@ -156,7 +156,12 @@ def run(
         None, help="A workload (see `gpulens workloads`) or, after --, a command and its args."
     ),
     batch_size: int = typer.Option(None, "--batch-size", "-b", help="Samples per step."),
-    steps: int = typer.Option(None, "--steps", help="Measured steps after warm-up [default: 100]."),
+    steps: int = typer.Option(
+        None,
+        "--steps",
+        help="Measured steps after warm-up [default: 100]; with a Python command, end it after "
+        "this many measured (optimizer) steps.",
+    ),
     duration: float = typer.Option(
         None,
         "--duration",
@@ -236,7 +241,15 @@ def run(
     if found.is_command:
         common.reject_workload_only_options(ctx, COMMAND_OPTIONS)
         run_command(
-            list(found.command), sample_hz, name, store, json_out, inject, duration, metrics
+            list(found.command),
+            sample_hz,
+            name,
+            store,
+            json_out,
+            inject,
+            duration,
+            metrics,
+            steps,
         )
         return
 
@@ -288,6 +301,7 @@ def run_command(
     inject: bool = True,
     duration_s: float | None = None,
     metrics=None,
+    max_steps: int | None = None,
 ) -> None:
     if duration_s is not None and duration_s <= 0:
         raise UsageError(f"--duration must be positive seconds, got {duration_s}")
@@ -298,7 +312,7 @@ def run_command(
     with common.live_store(store):
         result = monitor_command(
             argv, runs_dir(), sample_hz=sample_hz, name=name, stdout_to_stderr=json_out,
-            inject=inject, duration_s=duration_s, metrics=metrics,
+            inject=inject, duration_s=duration_s, metrics=metrics, max_steps=max_steps,
         )  # fmt: skip
     common.store_record(result.record_dir, store)
     if json_out:

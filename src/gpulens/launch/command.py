@@ -20,6 +20,7 @@ from gpulens.probes.monitor import ProbeSpec
 from gpulens.probes.summary import summarize_gpu, summarize_host
 from gpulens.record.tracker import RUN_DIR_ENV, read_tracker_summary
 from gpulens.run import RunSession, measured_run
+from gpulens.workloads.inject import MAX_STEPS_ENV
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,7 @@ def run_command(
     inject: bool = True,
     duration_s: float | None = None,
     metrics=None,
+    max_steps: int | None = None,
 ) -> CommandResult:
     """Run ``argv`` to completion under the GPU and host monitor, in a run record of ``kind``.
     The child finds the run directory in ``$GPULENS_RUN_DIR`` (the tracking API uses it), plus
@@ -60,10 +62,18 @@ def run_command(
     ``inject``: time the steps of an unmodified Python script (:mod:`gpulens.launch.injection`).
     ``duration_s``: stop the command after this long as Ctrl-C would (SIGINT; SIGTERM after
     :data:`SIGINT_GRACE_S`); the run then ends ``finished`` with ``stop_reason: duration``.
-    ``metrics``: a :class:`gpulens.web.metrics.MetricsEndpoint` serving Prometheus metrics."""
+    ``metrics``: a :class:`gpulens.web.metrics.MetricsEndpoint` serving Prometheus metrics.
+    ``max_steps``: an injected script ends after this many measured steps (``stop_reason:
+    steps``)."""
     if not argv:
         raise UsageError("no command given: gpulens run -- python train.py ...")
     extra_env = dict(extra_env or {})
+    if max_steps is not None:
+        if max_steps <= 0:
+            raise UsageError(f"--steps must be a positive integer, got {max_steps}")
+        if not inject:
+            raise UsageError("--steps with a command needs its steps timed: drop --no-inject")
+        extra_env[MAX_STEPS_ENV] = str(max_steps)
     # The record exists before the slow start-up (NVML, importing torch for the environment,
     # the sampler), so a run killed in its first seconds still leaves one.
     requested = {
@@ -73,6 +83,7 @@ def run_command(
         **({"env": extra_env} if extra_env else {}),
         "inject": inject,
         **({"duration_s": duration_s} if duration_s else {}),
+        **({"max_steps": max_steps} if max_steps else {}),
     }
     name = name or Path(argv[0]).name
     with measured_run(
@@ -171,6 +182,9 @@ def _run_child(
         summary.update(tracker)
     if stopped:
         summary["stop_reason"] = "duration"
+    limit = env.get(MAX_STEPS_ENV)
+    if returncode == 0 and limit and (summary.get("measured_steps") or 0) >= int(limit):
+        summary["stop_reason"] = "steps"  # the injected script ended at --steps
     summary.setdefault("tracking_us_per_step", None)
     gpu_df = run.writer.read_series("gpu")
     # No energy per sample here: the command's samples and its wall window do not line up.

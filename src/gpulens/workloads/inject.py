@@ -29,7 +29,10 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 INJECT_ENV = "GPULENS_INJECT"  # "1": the launcher asks for injection; "0" or unset: none
-_state: dict[str, Any] = {"tracker": None, "failed": None, "installed": False}
+# `gpulens run --steps N -- CMD`: the script ends (as sys.exit(0) would) after N measured steps
+MAX_STEPS_ENV = "GPULENS_MAX_STEPS"
+WARMUP_STEPS = 5  # the injected tracker's warm-up steps, not measured
+_state: dict[str, Any] = {"tracker": None, "failed": None, "installed": False, "steps": 0}
 
 
 def _note_failure(where: str, exc: BaseException) -> None:
@@ -51,7 +54,9 @@ def _tracker():
 
         if tracking.explicit_tracker_active():
             return None
-        _state["tracker"] = tracking.Tracker(name=None, store=False, injected=True)
+        _state["tracker"] = tracking.Tracker(
+            name=None, store=False, injected=True, warmup_steps=WARMUP_STEPS
+        )
     return _state["tracker"]
 
 
@@ -108,11 +113,25 @@ def _patch_dataloader(module: Any) -> None:
     loader_cls.__iter__ = __iter__
 
 
+def max_steps() -> int | None:
+    """``$GPULENS_MAX_STEPS`` (measured steps after which the script ends), or None."""
+    raw = os.environ.get(MAX_STEPS_ENV, "").strip()
+    return int(raw) if raw.isdigit() and int(raw) > 0 else None
+
+
 def _hook_optimizer(module: Any) -> None:
+    limit = max_steps()
+
     def after_step(optimizer, args, kwargs) -> None:
         tracker = _state["tracker"]
-        if tracker is not None:
-            tracker.step()
+        if tracker is None:
+            return
+        tracker.step()
+        _state["steps"] += 1
+        if limit is not None and _state["steps"] >= WARMUP_STEPS + limit:
+            # the measured window is over: the script ends as sys.exit(0) would (its finally
+            # blocks and atexit run; the tracker writes its steps at exit)
+            raise SystemExit(0)
 
     module.register_optimizer_step_post_hook(after_step)
 
