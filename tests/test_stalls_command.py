@@ -144,6 +144,22 @@ SCRIPT = textwrap.dedent(
                 model(x).sum().backward()
     """
 )
+# The same loop with no gpulens in it: its steps are injected (DataLoader and optimizer hooks).
+UNMODIFIED = SCRIPT.replace("import gpulens\n", "").replace(
+    """with gpulens.track(name="t") as tracker:
+    for epoch in range(2):
+        for x in tracker.data(loader, device="cpu"):
+            model(x).sum().backward()
+""",
+    """opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for epoch in range(2):
+    for x in loader:
+        model(x).sum().backward()
+        opt.step()
+        opt.zero_grad()
+""",
+)
+assert "gpulens" not in UNMODIFIED
 
 
 @pytest.fixture
@@ -156,9 +172,10 @@ def files_dir(tmp_path):
     return root
 
 
-def test_stalls_of_a_command_json_contract(capfd, tmp_path, files_dir, gpulens_home):
+@pytest.mark.parametrize("script_kind", ["tracked", "unmodified"])
+def test_stalls_of_a_command_json_contract(capfd, tmp_path, files_dir, gpulens_home, script_kind):
     script = tmp_path / "train.py"
-    script.write_text(SCRIPT)
+    script.write_text(SCRIPT if script_kind == "tracked" else UNMODIFIED)
     code = main(
         ["stalls", "--data", str(files_dir), "--no-store", "--json", "--",
          sys.executable, str(script), str(files_dir)]
@@ -172,7 +189,10 @@ def test_stalls_of_a_command_json_contract(capfd, tmp_path, files_dir, gpulens_h
     }  # fmt: skip
     tput = doc["throughput_samples_per_s"]
     assert set(tput) == {"ingestion_free", "cached", "cold", "multi_gpu", "multi_gpu_socket"}
-    assert doc["device"] == "cpu" and str(script) in doc["workload"]
+    assert doc["device"] == ("cpu" if script_kind == "tracked" else None)
+    assert str(script) in doc["workload"]
+    if script_kind == "unmodified":
+        assert any("steps injected" in n for n in doc["notes"])
     # 2 ms of prep per sample, 8 ms per batch of 4: without it the loop is several times faster
     assert tput["ingestion_free"] > 2 * tput["cached"], doc
     shares = doc["breakdown_pct"]
@@ -217,7 +237,7 @@ def test_stalls_of_a_command_without_the_tracker(capfd, tmp_path, files_dir, gpu
     )
     err = capfd.readouterr().err
     assert code == 2
-    assert "the script did not report steps: wrap its loader in gpulens.track().data(...)" in err
+    assert "no steps were seen: the script must iterate a torch.utils.data.DataLoader" in err
     assert len(list_records(gpulens_home / "runs")) == 1  # stopped after the first run
 
 

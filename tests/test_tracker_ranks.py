@@ -265,11 +265,15 @@ def _env(home: Path) -> dict[str, str]:
 
 
 @pytest.mark.slow
-def test_torchrun_under_gpulens_run(tmp_path):
-    """The issue's command: `gpulens run -- torchrun --nproc_per_node 2 train_tracked.py`."""
+@pytest.mark.parametrize("script", ["tracked", "unmodified"])
+def test_torchrun_under_gpulens_run(tmp_path, script):
+    """The issue's command: `gpulens run -- torchrun --nproc_per_node 2 train_tracked.py`, with
+    the tracker lines and without them (each rank's steps injected)."""
     home = tmp_path / "home"
     cmd = [sys.executable, "-m", "gpulens.cli", "run", "--no-store", "--json", "--"]
     cmd += _torchrun(str(EXAMPLE), "--epochs", "1")
+    if script == "unmodified":
+        cmd.append("--no-track")
     p = subprocess.run(cmd, env=_env(home), capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     doc = json.loads(p.stdout)

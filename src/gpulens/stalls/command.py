@@ -1,7 +1,9 @@
 """Stall breakdown of a user's own training script: ``gpulens stalls --data PATH -- CMD``.
 
-The script uses the tracking API (``with gpulens.track() as t: for b in t.data(loader): ...``)
-and runs three times under the monitor, each a stored run of kind ``stalls``:
+The script is unmodified (its DataLoader and optimizer steps are timed by injection,
+:mod:`gpulens.workloads.inject`) or uses the tracking API (``with gpulens.track() as t: for b
+in t.data(loader): ...``); it runs three times under the monitor, each a stored run of kind
+``stalls``:
 
 - ``ingestion_free``: ``GPULENS_INGESTION_FREE=1`` makes ``tracker.data()`` repeat the loader's
   first batches (moved to the device given to ``data(..., device=)``) instead of loading more;
@@ -30,7 +32,11 @@ from gpulens.stalls.model import measure_run
 from gpulens.stalls.runner import CommandBackend, StallRunner, warm_page_cache
 from gpulens.workloads.tracking import INGESTION_FREE_ENV
 
-NO_STEPS = "the script did not report steps: wrap its loader in gpulens.track().data(...)"
+NO_STEPS = (
+    "no steps were seen: the script must iterate a torch.utils.data.DataLoader and call a "
+    "torch.optim optimizer's step() (then they are timed with no change to it), or wrap its "
+    "loader in gpulens.track().data(...)"
+)
 MIN_COLD_STEPS = 3  # measured steps of the first pass below which no fetch stall is given
 
 
@@ -107,7 +113,13 @@ def run_stalls_command(
             f"{free.record_dir}"
         )
     result.device = loader.get("device")
-    if result.device is None:
+    if result.device is None and loader.get("injected"):
+        result.notes.append(
+            "steps injected (the script has no gpulens in it): the ingestion-free run replays "
+            "the loader's first batches as the loader made them, so on a GPU 'compute' "
+            "includes the script's own host-to-device copy"
+        )
+    elif result.device is None:
         result.notes.append(
             "tracker.data() got no device=: the ingestion-free batches stayed where the loader "
             "put them, so on a GPU 'compute' includes the script's own host-to-device copy; "

@@ -380,6 +380,7 @@ class Tracker:
                 cached_batches=INGESTION_FREE_BATCHES if self._ingestion_free else None,
                 first_pass_only=self._first_pass_only,
                 passes_completed=self._passes_completed,
+                injected=self.injected,
             )
         return {
             "measured_steps": len(rows),
