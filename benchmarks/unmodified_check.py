@@ -43,9 +43,9 @@ def interval95(xs: list[float]) -> list[float] | None:
     return [round(m - h, 4), round(m + h, 4)]
 
 
-def gpulens_json(args: list[str], env: dict[str, str], timeout_s: float = 580) -> dict:
+def gpulens_json(args: list[str], env: dict[str, str], timeout_s: float = 580, cwd=None) -> dict:
     proc = subprocess.run([*GPULENS, *args], capture_output=True, text=True, env=env,
-                          timeout=timeout_s)  # fmt: skip
+                          timeout=timeout_s, cwd=cwd)  # fmt: skip
     if proc.returncode != 0:
         raise RuntimeError(
             f"gpulens {' '.join(args)} exited {proc.returncode}: {proc.stderr[-3000:]}"
@@ -62,6 +62,25 @@ def make_files(root: Path, n: int, size: int = 4096) -> Path:
         folder.mkdir(parents=True, exist_ok=True)
         (folder / f"f{i:06d}.bin").write_bytes(os.urandom(size))
     return root
+
+
+def make_fake_mnist(data: Path, n_train: int, n_test: int) -> Path:
+    """MNIST's four idx files (random pixels and labels) where torchvision looks for them, so
+    pytorch/examples mnist/main.py runs unmodified with no download."""
+    import numpy as np
+
+    raw = data / "MNIST" / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for prefix, n in (("train", n_train), ("t10k", n_test)):
+        header = np.array([2051, n, 28, 28], dtype=">i4").tobytes()
+        pixels = rng.integers(0, 256, (n, 28, 28), dtype=np.uint8).tobytes()
+        (raw / f"{prefix}-images-idx3-ubyte").write_bytes(header + pixels)
+        labels = rng.integers(0, 10, n, dtype=np.uint8).tobytes()
+        (raw / f"{prefix}-labels-idx1-ubyte").write_bytes(
+            np.array([2049, n], ">i4").tobytes() + labels
+        )
+    return raw
 
 
 def data_wait_share(doc: dict) -> float | None:
@@ -136,7 +155,7 @@ def stalls(args, env, out: dict) -> None:
                           "--n", str(args.images), "--json"], env)  # fmt: skip
             (images / "val").symlink_to(images / "train")
             results["imagenet_make_images_s"] = time.perf_counter() - t
-        cmd = [sys.executable, args.imagenet_script, str(images), "-a", "resnet50", "-b", "256",
+        cmd = [sys.executable, str(Path(args.imagenet_script).resolve()), str(images), "-a", "resnet50", "-b", "256",
                "--epochs", "2", "--workers", str(args.imagenet_workers), "--print-freq",
                "100000", "--gpu", "0"]  # fmt: skip
         t = time.perf_counter()
@@ -145,6 +164,22 @@ def stalls(args, env, out: dict) -> None:
         results["imagenet_main"] = {"wall_s": time.perf_counter() - t, "command": cmd[1:],
                                     "result": doc}  # fmt: skip
         print(f"stalls imagenet main.py: {doc.get('breakdown_pct')}", file=sys.stderr, flush=True)
+    if args.mnist_script:
+        work = Path(args.work) / "mnist"
+        raw = make_fake_mnist(work / "data", args.mnist_n, max(1000, args.mnist_n // 6))
+        (work / "cwd").mkdir(exist_ok=True)  # the script reads '../data'
+        script = str(Path(args.mnist_script).resolve())
+        cmd = [sys.executable, script, "--epochs", "1", "--log-interval", "100000"]
+        stalls_args = ["stalls", "--data", str(raw), "--no-store", "--json", "--", *cmd]
+        for what, gl_args in (
+            ("mnist_main-run", ["run", "--no-store", "--json", "--", *cmd]),
+            ("mnist_main-stalls", stalls_args),
+        ):
+            t = time.perf_counter()
+            doc = gpulens_json(gl_args, env, cwd=work / "cwd")
+            results[what] = {"wall_s": time.perf_counter() - t, "command": cmd[1:], "result": doc}
+            figure = doc.get("breakdown_pct") or doc.get("throughput_samples_per_s")
+            print(f"{what}: {figure}", file=sys.stderr, flush=True)
     out["stalls"] = results
 
 
@@ -160,8 +195,8 @@ def scrape_until(url: str, stop: threading.Event, kept: dict) -> None:
 
 
 def prometheus(args, env, out: dict) -> None:
-    base = ["run", "resnet50", "--precision", "bf16", "--batch-size", "256", "--duration",
-            str(args.duration), "--no-store", "--json"]  # fmt: skip
+    base = ["run", *args.prom_run.split(), "--duration", str(args.duration), "--no-store",
+            "--json"]  # fmt: skip
     rows = []
     for pair in range(args.pairs):
         order = ("off", "on") if pair % 2 == 0 else ("on", "off")
@@ -205,7 +240,11 @@ def main() -> int:
     ap.add_argument("--imagenet-script", default=None)
     ap.add_argument("--images", type=int, default=16000)
     ap.add_argument("--imagenet-workers", type=int, default=15)
+    ap.add_argument("--mnist-script", default=None)
+    ap.add_argument("--mnist-n", type=int, default=60000)
     ap.add_argument("--duration", type=float, default=30.0)
+    ap.add_argument("--prom-run", default="resnet50 --precision bf16 --batch-size 256",
+                    help="the built-in run the prometheus part measures")  # fmt: skip
     ap.add_argument("--work", default=None, help="where the generated data goes [a temp dir]")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -228,7 +267,11 @@ def main() -> int:
         )
     for key, r in (out.get("stalls") or {}).items():
         if isinstance(r, dict):
-            print(f"stalls      {key:32s} {r['result'].get('breakdown_pct')}")
+            doc = r["result"]
+            figure = doc.get("breakdown_pct") or {
+                k: doc.get(k) for k in ("measured_steps", "throughput_samples_per_s")
+            }
+            print(f"stalls      {key:32s} {figure}")
     if "prometheus" in out:
         p = out["prometheus"]
         print(

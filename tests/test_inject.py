@@ -122,6 +122,37 @@ def test_a_failure_in_the_hook_hands_back_the_real_iterator(monkeypatch, capsys)
     assert "could not be injected" in capsys.readouterr().err
 
 
+def test_ingestion_free_replay_makes_one_loader_iterator_not_one_per_epoch(tmp_path, monkeypatch):
+    """Under `gpulens stalls`, the replayed batches are taken once: no worker processes are
+    started (nor batches prefetched) again each epoch while the run measures compute."""
+    from gpulens.workloads import inject
+    from gpulens.workloads.tracking import INGESTION_FREE_ENV, Tracker
+
+    class Loader:
+        made = 0
+
+        def __iter__(self):
+            Loader.made += 1
+            return iter(range(10))
+
+        def __len__(self):
+            return 10
+
+    run_dir = tmp_path / "run"
+    (run_dir / "series").mkdir(parents=True)
+    monkeypatch.setenv("GPULENS_RUN_DIR", str(run_dir))
+    monkeypatch.setenv(INGESTION_FREE_ENV, "1")
+    tracker = Tracker(warmup_steps=0, injected=True)
+    monkeypatch.setitem(inject._state, "failed", None)
+    monkeypatch.setattr(inject, "_tracker", lambda: tracker)
+    inject._patch_dataloader(type("M", (), {"DataLoader": Loader}))
+    loader = Loader()
+    epochs = [list(loader) for _ in range(3)]
+    tracker.close()
+    assert Loader.made == 1
+    assert epochs == [[0, 1, 2, 3, 0, 1, 2, 3, 0, 1]] * 3  # the first 4 batches, len() per epoch
+
+
 def _sigint_ignored() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 

@@ -62,11 +62,11 @@ def _tracker():
 
 class _TimedLoaderIter:
     """A DataLoader's iterator with its batches timed by the tracker; everything else is the
-    real iterator's."""
+    real iterator's. ``real`` None: the batches come from ``source`` (ingestion-free replay)."""
 
-    def __init__(self, real: Any, loader: Any, tracker: Any) -> None:
-        self._gpulens_real = real
-        self._gpulens_batches = tracker.data(_Once(real), loader=loader)
+    def __init__(self, real: Any, loader: Any, tracker: Any, source: Any = None) -> None:
+        self._gpulens_real = real if real is not None else loader
+        self._gpulens_batches = tracker.data(source or _Once(real), loader=loader)
 
     def __iter__(self):
         return self
@@ -79,6 +79,21 @@ class _TimedLoaderIter:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._gpulens_real, name)
+
+
+class _Source:
+    """A loader's own batches, one stable object per loader: under ``gpulens stalls``'s
+    ingestion-free run the tracker takes its first batches once and replays them every epoch,
+    so no loader iterator (no worker processes, no prefetching) is made per epoch."""
+
+    def __init__(self, loader: Any, original_iter: Callable[[Any], Any]) -> None:
+        self.loader, self.original_iter = loader, original_iter
+
+    def __iter__(self):
+        return self.original_iter(self.loader)
+
+    def __len__(self) -> int:
+        return len(self.loader)
 
 
 class _Once:
@@ -101,9 +116,18 @@ def _patch_dataloader(module: Any) -> None:
     original = loader_cls.__iter__
 
     def __iter__(self):  # noqa: N807 (the method it replaces)
-        real = original(self)
         try:
             tracker = _tracker()
+            from gpulens.workloads.tracking import INGESTION_FREE_ENV
+
+            if tracker is not None and os.environ.get(INGESTION_FREE_ENV) == "1":
+                source = self.__dict__.setdefault("_gpulens_source", _Source(self, original))
+                return _TimedLoaderIter(None, self, tracker, source)
+        except Exception as exc:
+            _note_failure("DataLoader", exc)
+            return original(self)
+        real = original(self)
+        try:
             return real if tracker is None else _TimedLoaderIter(real, self, tracker)
         except Exception as exc:
             _note_failure("DataLoader", exc)
