@@ -78,6 +78,24 @@ def test_an_unmodified_script_gets_steps_and_the_same_results(tmp_path, script):
 
 
 @pytest.mark.slow
+def test_evaluation_batches_are_no_training_steps(tmp_path):
+    """An evaluation pass after each epoch (under torch.no_grad(), no optimizer step), as
+    pytorch/examples' imagenet and mnist scripts have: its batches are not steps."""
+    path = tmp_path / "with_eval.py"
+    path.write_text(SCRIPT.replace(
+        "            opt.step()\n",
+        "            opt.step()\n"
+        "        with torch.no_grad():\n"
+        "            for x, y in DataLoader(data, batch_size=64):\n"
+        "                model(x).sum()\n",
+    ))  # fmt: skip
+    doc, err = gpulens_run(tmp_path, path)
+    assert doc["measured_steps"] == 64 - 5, err[-1500:]
+    steps = read_record(Path(doc["record_dir"])).series("steps")
+    assert set(steps["samples"]) == {32}  # no evaluation batch (64) among them
+
+
+@pytest.mark.slow
 def test_no_inject_leaves_the_script_alone(tmp_path, script):
     doc, _ = gpulens_run(tmp_path, script, "--no-inject")
     assert doc["measured_steps"] is None

@@ -66,19 +66,35 @@ class _TimedLoaderIter:
 
     def __init__(self, real: Any, loader: Any, tracker: Any, source: Any = None) -> None:
         self._gpulens_real = real if real is not None else loader
+        self._gpulens_tracker = tracker
         self._gpulens_batches = tracker.data(source or _Once(real), loader=loader)
 
     def __iter__(self):
         return self
 
     def __next__(self):
-        return next(self._gpulens_batches)
+        # A batch that ended with no optimizer step and autograd off was evaluation
+        # (`with torch.no_grad(): for x, y in val_loader: ...`): no training step.
+        evaluating = _autograd_off()
+        if evaluating:
+            self._gpulens_tracker.step(skip=True)
+        try:
+            return next(self._gpulens_batches)
+        except StopIteration:
+            if evaluating:  # the pass's last batch
+                self._gpulens_tracker.step(skip=True)
+            raise
 
     def __len__(self) -> int:
         return len(self._gpulens_real)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._gpulens_real, name)
+
+
+def _autograd_off() -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and not torch.is_grad_enabled()
 
 
 class _Source:

@@ -29,9 +29,8 @@ environment variables change what ``data()`` does (the script stays the same):
 ``device`` when given) and repeats them, ``len(iterable)`` per call where there is a length
 (epochs end as usual), without end otherwise, so the step time is compute alone;
 ``GPULENS_FIRST_PASS_ONLY=1`` times only the first complete pass over the first ``data()`` loop
-(the pass that reads every file cold), later epochs untimed.
+(the pass that reads every file cold), later epochs untimed. Injection makes a tracker itself.
 
-Without any change to the script, ``gpulens run -- python train.py`` makes one tracker itself.
 """
 
 from __future__ import annotations
@@ -343,12 +342,14 @@ class Tracker:
             iterable, device, self._cached_batches, INGESTION_FREE_BATCHES, warn_endless
         )
 
-    def step(self, samples: int | None = None) -> None:
-        """Mark the end of a step. ``samples`` defaults to the batch's leading dimension."""
+    def step(self, samples: int | None = None, skip: bool = False) -> None:
+        """End a step of ``samples`` (default: the batch's size); ``skip``: no training step."""
         if not self._in_step:
             return
         self._in_step = False
-        if self._step_timed and not self._broken:
+        if skip:
+            self._timer._prev_begin = None  # and the next step's start is its own
+        elif self._step_timed and not self._broken:
             n = samples or self.samples_per_step or self._last_batch_samples or 1
             self._safely("step", self._timer.end_step, n)
 
