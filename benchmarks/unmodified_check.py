@@ -140,7 +140,7 @@ def stalls(args, env, out: dict) -> None:
     script = [sys.executable, str(ROOT / "examples" / "train_tracked.py"), "--data", str(files),
               "--epochs", str(args.epochs), "--workers", "4"]  # fmt: skip
     results = {}
-    for how, extra in (("tracked", []), ("injected", ["--no-track"])):
+    for how, extra in (("tracked", []), ("injected", ["--no-track"])) * args.train_tracked_stalls:
         t = time.perf_counter()
         doc = gpulens_json(["stalls", "--data", str(files), "--no-store", "--json", "--",
                             *script, *extra], env)  # fmt: skip
@@ -155,9 +155,10 @@ def stalls(args, env, out: dict) -> None:
                           "--n", str(args.images), "--json"], env)  # fmt: skip
             (images / "val").symlink_to(images / "train")
             results["imagenet_make_images_s"] = time.perf_counter() - t
-        cmd = [sys.executable, str(Path(args.imagenet_script).resolve()), str(images), "-a", "resnet50", "-b", "256",
-               "--epochs", "2", "--workers", str(args.imagenet_workers), "--print-freq",
-               "100000", "--gpu", "0"]  # fmt: skip
+        script = str(Path(args.imagenet_script).resolve())
+        cmd = [sys.executable, script, str(images), "-a", "resnet50", "-b", "256",
+               "--epochs", "2", "--workers", str(args.imagenet_workers),
+               "--print-freq", "100000", "--gpu", "0"]  # fmt: skip
         t = time.perf_counter()
         doc = gpulens_json(["stalls", "--data", str(images / "train"), "--no-store", "--json",
                             "--", *cmd], env)  # fmt: skip
@@ -222,6 +223,9 @@ def prometheus(args, env, out: dict) -> None:
                 out["prometheus_last_scrape"] = kept.get("last")
         ratio = got["on"]["throughput"] / got["off"]["throughput"]
         rows.append({"pair": pair, "order": list(order), **got, "ratio": ratio})
+        out["prometheus"] = {"pairs": rows}
+        if args.out:
+            Path(args.out).write_text(json.dumps(out, indent=1, default=str))
         print(f"prometheus pair {pair}: on/off {ratio:.4f} ({got['on']['scrapes']} scrapes)",
               file=sys.stderr, flush=True)  # fmt: skip
     ratios = [r["ratio"] for r in rows]
@@ -242,6 +246,8 @@ def main() -> int:
     ap.add_argument("--imagenet-workers", type=int, default=15)
     ap.add_argument("--mnist-script", default=None)
     ap.add_argument("--mnist-n", type=int, default=60000)
+    ap.add_argument("--no-train-tracked-stalls", dest="train_tracked_stalls", default=1,
+                    action="store_const", const=0, help="no train_tracked.py stalls")  # fmt: skip
     ap.add_argument("--duration", type=float, default=30.0)
     ap.add_argument("--prom-run", default="resnet50 --precision bf16 --batch-size 256",
                     help="the built-in run the prometheus part measures")  # fmt: skip
