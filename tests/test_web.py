@@ -165,3 +165,118 @@ def test_pages_render_in_a_headless_browser(serve, tmp_path):
             capture_output=True, timeout=120,
         )  # fmt: skip
         assert shot.stat().st_size > 10_000
+
+
+CHROMEDRIVER = shutil.which("chromedriver")
+
+
+@pytest.fixture
+def browser(tmp_path):
+    """Headless Chromium driven through Debian's chromedriver (Selenium; nothing downloaded)."""
+    webdriver = pytest.importorskip("selenium.webdriver", reason="needs selenium (in [dev])")
+    if CHROMIUM is None or CHROMEDRIVER is None:
+        pytest.skip("needs Debian's chromium and chromium-driver (apt install chromium-driver)")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                 "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--window-size=1200,1600",
+                 f"--user-data-dir={tmp_path / 'profile'}"):  # fmt: skip
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    service = webdriver.ChromeService(executable_path=CHROMEDRIVER)
+    driver = webdriver.Chrome(options=options, service=service)
+    driver.set_page_load_timeout(60)
+    yield driver
+    driver.quit()
+
+
+def _console_errors(driver) -> list[str]:
+    return [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+
+
+def _wait_for_figures(driver, n: int, timeout_s: float = 30.0) -> int:
+    from selenium.webdriver.common.by import By
+
+    deadline = time.monotonic() + timeout_s
+    found = 0
+    while time.monotonic() < deadline:
+        found = len(driver.find_elements(By.CSS_SELECTOR, "div.plot-container.plotly"))
+        if found >= n:
+            break
+        time.sleep(0.2)
+    return found
+
+
+def test_a_user_filters_opens_a_run_and_compares_in_a_browser(serve, browser, tmp_path):
+    """Clicks as a user would: filter by kind, open a run from the table, tick two runs and
+    compare them; every page draws its figures with no console error. Screenshots are kept."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    url = serve()
+    browser.get(url)
+    assert len(browser.find_elements(By.CSS_SELECTOR, "tr.run")) == 4
+    browser.save_screenshot(str(tmp_path / "runs.png"))
+
+    Select(browser.find_element(By.NAME, "kind")).select_by_visible_text("stalls")
+    browser.find_element(By.XPATH, "//button[text()='filter']").click()
+    rows = browser.find_elements(By.CSS_SELECTOR, "tr.run")
+    assert len(rows) == 3 and "kind=stalls" in browser.current_url
+
+    browser.find_element(By.NAME, "q").send_keys("paired")
+    browser.find_element(By.XPATH, "//button[text()='filter']").click()
+    (row,) = browser.find_elements(By.CSS_SELECTOR, "tr.run")
+    row.find_element(By.TAG_NAME, "a").click()
+    assert "/run/" in browser.current_url
+    assert _wait_for_figures(browser, 2) >= 2
+    browser.save_screenshot(str(tmp_path / "run.png"))
+
+    browser.back()
+    browser.back()  # the stalls-only table again
+    boxes = browser.find_elements(By.CSS_SELECTOR, "input[name='runs']")
+    assert len(boxes) == 3
+    for box in boxes[:2]:
+        box.click()
+    browser.find_element(By.XPATH, "//button[starts-with(text(), 'compare')]").click()
+    assert "/compare" in browser.current_url
+    assert _wait_for_figures(browser, 2) >= 2
+    assert "comparison" in browser.page_source
+    browser.save_screenshot(str(tmp_path / "compare.png"))
+    assert not _console_errors(browser)
+    assert all((tmp_path / f"{p}.png").stat().st_size > 10_000 for p in ("runs", "run", "compare"))
+
+
+def test_the_live_view_follows_a_running_run_in_a_browser(serve, store, browser):
+    """A running run's page reloads by itself and shows the steps written meanwhile."""
+    from selenium.webdriver.common.by import By
+
+    w = RunWriter(store / "runs", kind="train", name="live")
+    steps = w.series("steps", STEPS_SCHEMA, flush_interval_s=0.0)
+
+    def write(first: int, last: int) -> None:
+        for i in range(first, last):
+            steps.append({"step": i, "time_unix_s": time.time() + i, "warmup": False,
+                          "samples": 8, "data_wait_s": 0.01, "h2d_s": 0.001,
+                          "compute_s": 0.02, "step_time_s": 0.031})  # fmt: skip
+        steps.flush()
+
+    try:
+        write(0, 5)
+        browser.get(serve() + f"run/{w.run_id}")
+        first = browser.find_element(By.TAG_NAME, "body").get_attribute("innerHTML")
+        write(5, 60)
+        deadline = time.monotonic() + 20  # it reloads every 5 s
+        grown = False
+        while time.monotonic() < deadline and not grown:
+            time.sleep(1.0)
+            try:
+                now = browser.find_element(By.TAG_NAME, "body").get_attribute("innerHTML")
+            except Exception:  # mid-reload
+                continue
+            grown = len(now) > len(first) + 200
+        assert grown, "the page did not reload with the new steps"
+        assert not _console_errors(browser)
+    finally:
+        steps.close()
+        w.finish()

@@ -79,6 +79,7 @@ def render_html(
     made = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     parts = [
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
+        "<link rel='icon' href='data:,'>",
         f"<title>{html.escape(title)}</title><style>{STYLE}</style>{head_extra}",
         f"{script}</head><body>{body_top}",
         f"<h1>{html.escape(title)}</h1>",

@@ -132,12 +132,15 @@ class Dashboard:
         )  # fmt: skip
 
 
+NO_ICON = "<link rel='icon' href='data:,'>"  # no /favicon.ico request (a 404 in the console)
+
+
 def _page(title: str, body: str) -> str:
     from gpulens.report.html import STYLE
 
     return (
-        f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{title}</title>"
-        f"<style>{STYLE}</style></head><body>{body}</body></html>"
+        f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>{NO_ICON}"
+        f"<title>{title}</title><style>{STYLE}</style></head><body>{body}</body></html>"
     )
 
 
