@@ -22,7 +22,8 @@ OPTIONS = {
         "--precision", "--workers", "--data", "--until-ci", "--sample-hz",
         "--storage-latency-ms", "--storage-bandwidth-mb-s", "--prep-timing", "--gpus",
         "--nccl-transport", "--ddp-bucket-mb", "--worker-affinity", "--skip-bad-samples",
-        "--name", "--store", "--no-store", "--inject", "--no-inject", "--prometheus-port",
+        "--torch-profiler", "--name", "--store", "--no-store", "--inject", "--no-inject",
+        "--prometheus-port",
         "--prometheus-host", "--json",
     ],
     "stalls": [

@@ -5,9 +5,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from gpulens.cli import main
 from gpulens.record.reader import read_prep, read_record
-from gpulens.report.perfetto import GPU_COUNTERS, PID_STEPS, perfetto_trace
+from gpulens.report.perfetto import (
+    GPU_COUNTERS,
+    PID_STEPS,
+    TORCH_PID_OFFSET,
+    perfetto_trace,
+    torch_events,
+)
 
 FIXTURES = Path(__file__).parent / "fixtures"
 JPEG = FIXTURES / "record_h100_resnet50_jpeg"
@@ -80,3 +88,48 @@ def test_export_command_writes_a_loadable_trace(tmp_path, capsys):
 def test_export_to_a_missing_folder_is_a_usage_error(tmp_path, capsys):
     assert main(["export", str(JPEG), "--perfetto", str(tmp_path / "no" / "t.json")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_torch_profiler_steps_follow_the_measured_ones_and_merge_into_the_trace(tmp_path):
+    """`gpulens run --torch-profiler N`: N steps after the measured window, under the
+    profiler; `gpulens export --perfetto` lays them on the run's time line by the marker."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "GPULENS_HOME": str(tmp_path / "home")}
+    run = subprocess.run(
+        [sys.executable, "-m", "gpulens.cli", "run", "tiny_cnn", "--device", "cpu", "--steps",
+         "20", "--torch-profiler", "3", "--no-store", "--json"],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-1500:]
+    doc = json.loads(run.stdout)
+    assert doc["measured_steps"] == 20  # the profiled steps are not measured ones
+    record = read_record(Path(doc["record_dir"]))
+    assert record.meta["torch_profiler"]["steps"] == 3
+    trace = perfetto_trace(record)
+    assert trace["metadata"]["torch_profiler_aligned_by"] == "marker"
+    events = trace["traceEvents"]
+    ours = [e for e in events if e.get("cat") in ("step", "warmup") and e["pid"] == 1]
+    last_step_end_us = max(e["ts"] + e["dur"] for e in ours)
+    profiled = sorted(e["ts"] for e in events if str(e.get("name")).startswith("gpulens step"))
+    assert len(profiled) == 3
+    # after the measured steps, and within seconds of them (the same clock)
+    assert last_step_end_us <= profiled[0] < last_step_end_us + 10e6
+    names = {e["args"]["name"] for e in events if e.get("name") == "process_name"}
+    assert any(n.startswith("torch.profiler:") for n in names)
+    assert not any(e.get("name") == "gpulens:align" for e in events)
+
+
+def test_an_external_profiler_trace_without_the_marker_is_aligned_by_its_clock():
+    trace = {"baseTimeNanoseconds": 1_000_000_000_000_000_000, "traceEvents": [
+        {"ph": "X", "name": "aten::mm", "pid": 7, "tid": 7, "ts": 2_000_000.0, "dur": 10.0},
+        {"ph": "M", "name": "process_name", "pid": 7, "args": {"name": "python"}},
+    ]}  # fmt: skip
+    events, how = torch_events(trace, t0=1_000_000_001.0, align_unix_s=None)
+    assert how == "profiler clock"
+    mm = next(e for e in events if e["name"] == "aten::mm")
+    assert mm["ts"] == pytest.approx(1_000_000.0) and mm["pid"] == 7 + TORCH_PID_OFFSET
+    assert next(e for e in events if e["ph"] == "M")["args"]["name"] == "torch.profiler: python"

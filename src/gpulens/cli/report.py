@@ -119,6 +119,12 @@ def export(
     perfetto: Path = typer.Option(
         ..., "--perfetto", help="The trace file to write (JSON, trace-event format)."
     ),
+    torch_profiler: Path = typer.Option(
+        None,
+        "--torch-profiler",
+        help="A PyTorch profiler Chrome trace to merge in [default: the run's own, from "
+        "gpulens run --torch-profiler N].",
+    ),
     json_out: bool = typer.Option(False, "--json", help=common.JSON_HELP),
 ) -> None:
     import json
@@ -127,11 +133,24 @@ def export(
     from gpulens.store.queries import find_run
 
     record = find_run(run)
-    trace = perfetto_trace(record)
+    extra = None
+    if torch_profiler is not None:
+        try:
+            extra = json.loads(Path(torch_profiler).expanduser().read_text())
+        except (OSError, ValueError) as exc:
+            raise UsageError(
+                f"cannot read the profiler trace {torch_profiler}: {exc}; give the JSON file "
+                "that torch.profiler's export_chrome_trace() wrote"
+            ) from None
+        if not isinstance(extra, dict) or not isinstance(extra.get("traceEvents"), list):
+            raise UsageError(f"{torch_profiler} is no Chrome trace (no traceEvents list)")
+    trace = perfetto_trace(record, extra)
     out = _write_whole(perfetto, json.dumps(trace, separators=(",", ":")))
     n = len(trace["traceEvents"])
     if json_out:
-        common.emit_json({"run_id": record.run_id, "perfetto": str(out), "events": n})
+        aligned = trace["metadata"]["torch_profiler_aligned_by"]
+        common.emit_json({"run_id": record.run_id, "perfetto": str(out), "events": n,
+                          "torch_profiler_aligned_by": aligned})  # fmt: skip
         return
     common.out.print(f"wrote {out} ({n:,} events): open it at https://ui.perfetto.dev")
 

@@ -212,6 +212,12 @@ def run(
         "physical core ('cores').",
     ),
     skip_bad_samples: bool = typer.Option(False, "--skip-bad-samples", help=SKIP_BAD_HELP),
+    torch_profiler: int = typer.Option(
+        0,
+        "--torch-profiler",
+        help="After the measured steps, run N more under torch.profiler and keep its trace in "
+        "the record (gpulens export --perfetto merges it).",
+    ),
     name: str = typer.Option(None, "--name", help="A name for the run."),
     store: bool = typer.Option(True, "--store/--no-store", help="Log the run to MLflow."),
     inject: bool = typer.Option(
@@ -278,6 +284,7 @@ def run(
         storage_latency_s=storage_latency_ms / 1000.0,
         storage_bandwidth_bytes_per_s=common.mb_per_s_to_bytes(bandwidth_mb_s),
         skip_bad_samples=skip_bad_samples,
+        torch_profiler_steps=torch_profiler,
     )
     show_training(train_and_store(config, store, metrics=metrics), json_out)
 

@@ -10,6 +10,7 @@ sample's read, decode and augment likewise end at its stamp.
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -137,8 +138,42 @@ def counter_events(
     return events
 
 
-def perfetto_trace(record: RunRecord) -> dict[str, Any]:
-    """The trace document of one run (``traceEvents`` plus metadata)."""
+TORCH_PID_OFFSET = 1000  # the profiler's process and device ids, moved clear of ours
+TORCH_TRACE_FILE = "torch_trace.json"  # as gpulens.workloads.profile writes it
+ALIGN_MARKER = "gpulens:align"
+
+
+def torch_events(trace: dict[str, Any], t0: float, align_unix_s: float | None) -> tuple[list, str]:
+    """A PyTorch profiler (Kineto) Chrome trace's events on the run's time line, and how they
+    were aligned: by the ``gpulens:align`` marker entered at ``align_unix_s`` (exact), else by
+    the profiler's ``baseTimeNanoseconds`` (its own clock, which can be seconds off)."""
+    events = [e for e in trace.get("traceEvents") or [] if isinstance(e, dict)]
+    base_us = float(trace.get("baseTimeNanoseconds") or 0) / 1000.0
+    marker = next((e for e in events if e.get("name") == ALIGN_MARKER and "ts" in e), None)
+    if marker is not None and align_unix_s is not None:
+        shift_us, how = (align_unix_s - t0) * 1e6 - float(marker["ts"]), "marker"
+    else:
+        shift_us, how = base_us - t0 * 1e6, "profiler clock"
+    out = []
+    for event in events:
+        if event.get("name") == ALIGN_MARKER:
+            continue
+        moved = dict(event)
+        if isinstance(moved.get("pid"), int):
+            moved["pid"] += TORCH_PID_OFFSET
+        if "ts" in moved and _num(moved["ts"]) is not None:
+            moved["ts"] = round(float(moved["ts"]) + shift_us, 3)
+        if moved.get("ph") == "M" and moved.get("name") == "process_name":
+            args = dict(moved.get("args") or {})
+            args["name"] = f"torch.profiler: {args.get('name', '')}".strip()
+            moved["args"] = args
+        out.append(moved)
+    return out, how
+
+
+def perfetto_trace(record: RunRecord, torch_trace: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The trace document of one run (``traceEvents`` plus metadata). A PyTorch profiler trace
+    (``torch_trace``, else the record's own from ``--torch-profiler``) is merged in."""
     steps, gpu, host = _series(record, "steps"), _series(record, "gpu"), _series(record, "host")
     prep = read_prep(record.dir)
     t0 = _t0([gpu, host, prep], steps)
@@ -152,6 +187,15 @@ def perfetto_trace(record: RunRecord) -> dict[str, Any]:
                 events += counter_events(per_gpu, t0, PID_GPU + 10 * int(index),
                                          f"GPU {int(index)}", GPU_COUNTERS)  # fmt: skip
         events += counter_events(host, t0, PID_HOST, "host", HOST_COUNTERS)
+    profiled = record.meta.get("torch_profiler") or {}
+    if torch_trace is None and (record.dir / TORCH_TRACE_FILE).is_file():
+        torch_trace = json.loads((record.dir / TORCH_TRACE_FILE).read_text())
+    aligned = None
+    if torch_trace is not None:
+        if t0 is None:
+            t0 = float(torch_trace.get("baseTimeNanoseconds") or 0) / 1e9
+        merged, aligned = torch_events(torch_trace, t0, profiled.get("align_unix_s"))
+        events += merged
     return {
         "traceEvents": events,
         "displayTimeUnit": "ms",
@@ -161,5 +205,6 @@ def perfetto_trace(record: RunRecord) -> dict[str, Any]:
             "kind": record.meta.get("kind"),
             "status": record.status,
             "t0_unix_s": t0,
+            "torch_profiler_aligned_by": aligned,
         },
     }

@@ -68,6 +68,8 @@ class TrainConfig:
     # Images that cannot be decoded: stop with an error naming the file (False), or put the
     # next readable image in their place and count them in the summary (True).
     skip_bad_samples: bool = False
+    # Steps run under torch.profiler after the measured window (its trace kept in the record).
+    torch_profiler_steps: int = 0
 
     def __post_init__(self) -> None:
         if self.batch_size is not None and self.batch_size <= 0:
@@ -106,6 +108,13 @@ class TrainConfig:
                 f"unknown worker affinity '{self.worker_affinity}': use one of "
                 f"{', '.join(WORKER_AFFINITIES)}"
             )
+        if self.torch_profiler_steps < 0:
+            raise UsageError(
+                f"--torch-profiler must be a number of steps (0 or more), got "
+                f"{self.torch_profiler_steps}"
+            )
+        if self.torch_profiler_steps and self.gpus > 1:
+            raise UsageError("--torch-profiler profiles one process: leave out --gpus")
         if self.ddp_bucket_mb is not None and self.ddp_bucket_mb <= 0:
             raise UsageError(f"--ddp-bucket-mb must be positive, got {self.ddp_bucket_mb}")
         if self.data == "synthetic" and (

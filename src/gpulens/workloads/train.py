@@ -68,7 +68,7 @@ def run_training(
             probes.insert(0, ProbeSpec("gpu", {"indices": [nvml_index]}))
         else:
             run.mark_unsupported("gpu", "the run used the CPU")
-        _train(spec, eff, device, run, probes, nvml_index, progress)
+        _train(spec, eff, device, run, probes, nvml_index, progress, config.torch_profiler_steps)
     return run.result()
 
 
@@ -80,6 +80,7 @@ def _train(
     probes: list[ProbeSpec],
     nvml_index: int | None,
     progress: ProgressFn | None,
+    profiler_steps: int = 0,
 ) -> dict[str, Any]:
     writer = run.writer
     timing_dir = run.dir / "series" if eff.prep_timing else None
@@ -91,6 +92,10 @@ def _train(
     with run.monitor(probes, hz=eff.sample_hz):
         loop = measured_loop(prepared, eff, device, timer, progress, eff.batch_size)
         timer.finish()
+        if profiler_steps:  # after the measured window: the profiler never slows a measured step
+            from gpulens.workloads.profile import profile_steps
+
+            writer.update(torch_profiler=profile_steps(prepared, device, profiler_steps, run.dir))
     peak_mem = torch.cuda.max_memory_allocated(device) if cuda else None
     # The sampler's CPU share, and gpulens's own time on this training thread per step.
     costs = {
