@@ -23,6 +23,7 @@ import logging
 import os
 import signal
 import sys
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -32,7 +33,9 @@ INJECT_ENV = "GPULENS_INJECT"  # "1": the launcher asks for injection; "0" or un
 # `gpulens run --steps N -- CMD`: the script ends (as sys.exit(0) would) after N measured steps
 MAX_STEPS_ENV = "GPULENS_MAX_STEPS"
 WARMUP_STEPS = 5  # the injected tracker's warm-up steps, not measured
-_state: dict[str, Any] = {"tracker": None, "failed": None, "installed": False, "steps": 0}
+_state: dict[str, Any] = {"tracker": None, "failed": None, "installed": False, "steps": 0,
+                          "loader": None}  # fmt: skip
+_trained: weakref.WeakSet = weakref.WeakSet()  # loaders an optimizer step was taken from
 
 
 def _note_failure(where: str, exc: BaseException) -> None:
@@ -67,21 +70,26 @@ class _TimedLoaderIter:
     def __init__(self, real: Any, loader: Any, tracker: Any, source: Any = None) -> None:
         self._gpulens_real = real if real is not None else loader
         self._gpulens_tracker = tracker
+        self._gpulens_loader = weakref.ref(loader)
         self._gpulens_batches = tracker.data(source or _Once(real), loader=loader)
 
     def __iter__(self):
         return self
 
     def __next__(self):
-        # A batch that ended with no optimizer step and autograd off was evaluation
-        # (`with torch.no_grad(): for x, y in val_loader: ...`): no training step.
-        evaluating = _autograd_off()
-        if evaluating:
+        # A batch that ended with no optimizer step (else the step hook ended it already) from a
+        # loader that never saw one, or with autograd off, was evaluation: no training step.
+        # (`with torch.no_grad(): for x, y in val_loader`, or Hugging Face's evaluation loop.)
+        # With gradient accumulation only the micro-batches before the first optimizer step
+        # of the run are left out.
+        loader = self._gpulens_loader()
+        if _autograd_off() or loader is None or loader not in _trained:
             self._gpulens_tracker.step(skip=True)
+        _state["loader"] = self._gpulens_loader
         try:
             return next(self._gpulens_batches)
         except StopIteration:
-            if evaluating:  # the pass's last batch
+            if _autograd_off() or loader is None or loader not in _trained:  # its last batch
                 self._gpulens_tracker.step(skip=True)
             raise
 
@@ -166,6 +174,9 @@ def _hook_optimizer(module: Any) -> None:
         tracker = _state["tracker"]
         if tracker is None:
             return
+        loader = _state["loader"]() if _state.get("loader") else None
+        if loader is not None:
+            _trained.add(loader)  # a training loader: its batches are steps
         tracker.step()
         _state["steps"] += 1
         if limit is not None and _state["steps"] >= WARMUP_STEPS + limit:
