@@ -77,17 +77,25 @@ def test_an_unmodified_script_gets_steps_and_the_same_results(tmp_path, script):
     assert doc.get("tracking_error") is None
 
 
+EVAL_LOOPS = {
+    # pytorch/examples' imagenet and mnist scripts: the whole loop under no_grad
+    "no_grad_loop": "        with torch.no_grad():\n"
+                    "            for x, y in DataLoader(data, batch_size=64):\n"
+                    "                model(x).sum()\n",
+    # Hugging Face's evaluation loop: batches fetched with autograd on, forward under no_grad
+    "no_grad_forward": "        for x, y in DataLoader(data, batch_size=64):\n"
+                       "            with torch.no_grad():\n"
+                       "                model(x).sum()\n",
+}  # fmt: skip
+
+
 @pytest.mark.slow
-def test_evaluation_batches_are_no_training_steps(tmp_path):
-    """An evaluation pass after each epoch (under torch.no_grad(), no optimizer step), as
-    pytorch/examples' imagenet and mnist scripts have: its batches are not steps."""
+@pytest.mark.parametrize("eval_loop", sorted(EVAL_LOOPS))
+def test_evaluation_batches_are_no_training_steps(tmp_path, eval_loop):
+    """An evaluation pass after each epoch (no optimizer step): its batches are not steps."""
     path = tmp_path / "with_eval.py"
     path.write_text(SCRIPT.replace(
-        "            opt.step()\n",
-        "            opt.step()\n"
-        "        with torch.no_grad():\n"
-        "            for x, y in DataLoader(data, batch_size=64):\n"
-        "                model(x).sum()\n",
+        "            opt.step()\n", "            opt.step()\n" + EVAL_LOOPS[eval_loop]
     ))  # fmt: skip
     doc, err = gpulens_run(tmp_path, path)
     assert doc["measured_steps"] == 64 - 5, err[-1500:]
