@@ -104,7 +104,7 @@ def test_a_cpu_run_appears_in_mlflow_while_it_runs(tmp_path):
     env = {**os.environ, "GPULENS_HOME": str(home), "GPULENS_MLFLOW_LIVE_S": "2"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "gpulens.cli", "run", "tiny_cnn", "--device", "cpu",
-         "--duration", "25", "--json"],
+         "--duration", "15", "--json"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )  # fmt: skip
     uri = f"sqlite:///{home / 'mlflow.db'}"
