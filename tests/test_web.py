@@ -71,6 +71,12 @@ def test_runs_table_lists_and_filters_the_store(serve):
     assert page.count("<tr class='run'>") == 3 and JPEG_ID not in page
     status, page = get(url + "?q=paired")
     assert page.count("<tr class='run'>") == 1
+    status, page = get(url + "?role=stalls:cached&date=2026-11-24")
+    assert page.count("<tr class='run'>") == 1
+    status, page = get(url + "?workload=resnet50&date=2026-11-22")
+    assert page.count("<tr class='run'>") == 1 and JPEG_ID in page
+    for name in ("kind", "workload", "gpu_model", "date", "status", "role"):
+        assert f"<select name='{name}'>" in page
 
 
 def test_run_and_compare_pages_carry_the_reports_figures(serve):

@@ -31,7 +31,8 @@ from gpulens.store.queries import run_facts
 log = logging.getLogger(__name__)
 
 LIVE_REFRESH_S = 5
-FILTERS = ("kind", "status", "gpu_model")
+# "date" is the day a run began (UTC); "role" its part in an experiment (stalls:cached ...)
+FILTERS = ("kind", "workload", "gpu_model", "date", "status", "role")
 TABLE_COLUMNS = ("run_id", "name", "kind", "status", "created_at", "workload", "gpu_model")
 
 
@@ -70,7 +71,11 @@ class Dashboard:
         return {r.run_id: r for r in records}
 
     def runs_page(self, query: dict[str, str]) -> str:
-        rows = [run_facts(r) for r in self.records().values()][::-1]  # newest first
+        rows = [
+            {**run_facts(r), "date": str(r.meta.get("created_at") or "")[:10],
+             "role": r.meta.get("role")}
+            for r in self.records().values()
+        ][::-1]  # newest first  # fmt: skip
         options = {k: sorted({str(r.get(k)) for r in rows if r.get(k)}) for k in FILTERS}
         for key in FILTERS:
             if query.get(key):
