@@ -199,6 +199,7 @@ def perfetto_trace(record: RunRecord, torch_trace: dict[str, Any] | None = None)
     return {
         "traceEvents": events,
         "displayTimeUnit": "ms",
+        "distributedInfo": {"rank": 0},  # what Holistic Trace Analysis's parser looks for
         "metadata": {
             "gpulens_run_id": record.run_id,
             "name": record.meta.get("name"),
