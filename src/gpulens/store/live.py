@@ -79,6 +79,7 @@ class Follower:
         self.experiment = experiment
         self.max_points = max(1, int(round(interval_s)))  # about 1 point/s per series
         self.done: set[str] = set()
+        self.started: set[str] = set()  # records with a live MLflow run
 
     def push(self, record_dir: Path) -> None:
         from gpulens.record.reader import read_record
@@ -89,6 +90,7 @@ class Follower:
         ended = record.status != schema.STATUS_RUNNING
         until = None if ended else time.time() - SETTLE_S
         self.sink.log_live(record, self.uri, self.experiment, until, self.max_points)
+        self.started.add(record_dir.name)
         if ended:
             self.done.add(record_dir.name)
 
@@ -110,6 +112,8 @@ def follow(
     while True:
         last = stop.wait(interval_s)
         for record_dir in owned_records(runs_root, owner_pid, since_unix_s):
+            if last and record_dir.name not in follower.started:
+                continue  # a run shorter than one interval: the end-of-run log does it all
             try:
                 follower.push(record_dir)
             except Exception as exc:  # live logging is a courtesy; the end-of-run log is not
