@@ -201,6 +201,25 @@ def _console_errors(driver) -> list[str]:
     return [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
 
 
+def _wait_for_rows(driver, n: int, url_part: str, timeout_s: float = 30.0) -> list:
+    """The table rows once the page that ``url_part`` names has loaded (a click's navigation
+    is not awaited by Selenium)."""
+    from selenium.webdriver.common.by import By
+
+    deadline = time.monotonic() + timeout_s
+    rows: list = []
+    while time.monotonic() < deadline:
+        try:
+            if url_part in driver.current_url:
+                rows = driver.find_elements(By.CSS_SELECTOR, "tr.run")
+                if len(rows) == n:
+                    return rows
+        except Exception:  # the old page went away mid-look
+            pass
+        time.sleep(0.2)
+    return rows
+
+
 def _wait_for_figures(driver, n: int, timeout_s: float = 30.0) -> int:
     from selenium.webdriver.common.by import By
 
@@ -227,24 +246,30 @@ def test_a_user_filters_opens_a_run_and_compares_in_a_browser(serve, browser, tm
 
     Select(browser.find_element(By.NAME, "kind")).select_by_visible_text("stalls")
     browser.find_element(By.XPATH, "//button[text()='filter']").click()
-    rows = browser.find_elements(By.CSS_SELECTOR, "tr.run")
-    assert len(rows) == 3 and "kind=stalls" in browser.current_url
+    assert len(_wait_for_rows(browser, 3, "kind=stalls")) == 3
 
     browser.find_element(By.NAME, "q").send_keys("paired")
     browser.find_element(By.XPATH, "//button[text()='filter']").click()
-    (row,) = browser.find_elements(By.CSS_SELECTOR, "tr.run")
+    (row,) = _wait_for_rows(browser, 1, "q=paired")
     row.find_element(By.TAG_NAME, "a").click()
+    deadline = time.monotonic() + 30
+    while "/run/" not in browser.current_url and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert "/run/" in browser.current_url
     assert _wait_for_figures(browser, 2) >= 2
     browser.save_screenshot(str(tmp_path / "run.png"))
 
     browser.back()
     browser.back()  # the stalls-only table again
+    _wait_for_rows(browser, 3, "kind=stalls")
     boxes = browser.find_elements(By.CSS_SELECTOR, "input[name='runs']")
     assert len(boxes) == 3
     for box in boxes[:2]:
         box.click()
     browser.find_element(By.XPATH, "//button[starts-with(text(), 'compare')]").click()
+    deadline = time.monotonic() + 30
+    while "/compare" not in browser.current_url and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert "/compare" in browser.current_url
     assert _wait_for_figures(browser, 2) >= 2
     assert "comparison" in browser.page_source
