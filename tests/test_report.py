@@ -80,6 +80,24 @@ def test_stall_figure_shows_the_stored_breakdown_with_its_intervals():
     assert sum(b.x[0] for b in fig.data) == pytest.approx(100)
 
 
+def test_stall_runs_carry_the_what_if_curves_of_their_result(tmp_path):
+    """`gpulens stalls` keeps its what-if predictions in its runs; the report draws them."""
+    from gpulens.record.writer import amend_summary
+
+    stored = json.loads(next(RESULTS.glob("stalls-*-s8-8339c1c-*.json")).read_text())["result"]
+    dirs = []
+    for run in sorted(STALLS.iterdir()):
+        dirs.append(tmp_path / run.name)
+        shutil.copytree(run, dirs[-1])
+        amend_summary(dirs[-1], stalls_what_if=stored["what_if"])
+    section = document.stall_section([read_record(d) for d in dirs])
+    _bars, curves = section.figures
+    workers, cache = curves.data
+    assert list(workers.x) == sorted(float(w) for w in stored["what_if"]["workers"])
+    assert workers.y[-1] == pytest.approx(stored["what_if"]["workers"]["16"])
+    assert cache.y[0] == pytest.approx(stored["what_if"]["page_cache_pct"]["0"])
+
+
 def test_colocate_figures_give_each_job_and_mechanism_its_slowdown():
     doc = json.loads(COLOCATE.read_text())["result"]
     bars, heat_fig, combined = figures.colocate_figures(doc)

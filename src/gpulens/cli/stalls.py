@@ -140,9 +140,14 @@ def stalls(
     repeated = (run_id for ids in result.all_runs.values() for run_id in ids)
     run_ids = {*result.runs.values(), *repeated} - {None, ""}
     run_dirs = sorted(runs_dir() / run_id for run_id in run_ids)
+    doc = result.as_dict()
+    if doc.get("what_if"):  # with the runs, for `gpulens report` and MLflow
+        from gpulens.record.writer import amend_summary
+
+        for run_dir in run_dirs:
+            amend_summary(run_dir, stalls_what_if=doc["what_if"])
     for run_dir in run_dirs:
         common.store_record(run_dir, store)
-    doc = result.as_dict()
     common.store_experiment(store, stalls=(doc, run_dirs))
     if json_out:
         common.emit_json(doc)

@@ -165,6 +165,12 @@ def stall_section(records: list[RunRecord]) -> Section | None:
     fig = figures.stall_figure({str(workload or "runs"): breakdown})
     if fig is not None:
         section.figures.append(fig)
+        # `gpulens stalls` keeps its what-if predictions in its runs' summaries
+        what_if = next((r.meta["summary"]["stalls_what_if"] for r in records
+                        if (r.meta.get("summary") or {}).get("stalls_what_if")), None)  # fmt: skip
+        curves = figures.what_if_figure(what_if) if what_if else None
+        if curves is not None:
+            section.figures.append(curves)
     else:
         section.notes.append(
             "the breakdown needs an ingestion-free and a cached run at least: run `gpulens stalls`"

@@ -198,6 +198,27 @@ def stall_figure(breakdowns: dict[str, dict[str, Any]]) -> go.Figure | None:
     return fig
 
 
+def what_if_figure(what_if: dict[str, Any]) -> go.Figure | None:
+    """The stall model's predictions: samples/s against loader workers and against the share of
+    the dataset in the page cache (the measured setting is one point on each curve)."""
+    titles = {"workers": "loader workers", "page_cache_pct": "% of the data in the page cache"}
+    curves = [(key, title) for key, title in titles.items() if what_if.get(key)]
+    if not curves:
+        return None
+    fig = make_subplots(rows=1, cols=len(curves), subplot_titles=[t for _, t in curves])
+    for col, (key, title) in enumerate(curves, start=1):
+        points = sorted((float(x), float(y)) for x, y in what_if[key].items() if y is not None)
+        fig.add_trace(
+            go.Scatter(x=[p[0] for p in points], y=[p[1] for p in points], mode="lines+markers",
+                       name=title, showlegend=False),
+            row=1, col=col,
+        )  # fmt: skip
+        fig.update_xaxes(title_text=title, row=1, col=col)
+        fig.update_yaxes(title_text="samples/s (predicted)", row=1, col=col, rangemode="tozero")
+    fig.update_layout(title="what if (the stall model's predictions)", height=320, **LAYOUT)
+    return fig
+
+
 def _setting_label(result: dict[str, Any]) -> str:
     setting = result.get("setting")
     return result["mechanism"] + (f" {setting}" if setting not in (None, "", "default") else "")
