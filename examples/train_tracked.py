@@ -28,6 +28,10 @@ parser.add_argument("--data", help="a folder of files to read (default: random t
 parser.add_argument("--epochs", type=int, default=3)
 parser.add_argument("--workers", type=int, default=0)
 parser.add_argument("--batch-size", type=int, default=128)
+parser.add_argument("--width", type=int, default=256, help="hidden units per layer")
+parser.add_argument(
+    "--depth", type=int, default=1, help="hidden layers (--depth 4 --width 4096: GPU-bound steps)"
+)
 parser.add_argument(
     "--no-track", action="store_true", help="leave the ### lines out: a plain script, for "
     "comparing the tracker API with `gpulens run`'s injection on the same loop"
@@ -73,7 +77,10 @@ loader = DataLoader(
     sampler=sampler,
     num_workers=args.workers,
 )
-model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+layers = [torch.nn.Linear(64, args.width), torch.nn.ReLU()]
+for _ in range(args.depth - 1):
+    layers += [torch.nn.Linear(args.width, args.width), torch.nn.ReLU()]
+model = torch.nn.Sequential(*layers, torch.nn.Linear(args.width, 10))
 model = model.to(device)
 if distributed:
     model = DistributedDataParallel(model, device_ids=[device] if cuda else None)

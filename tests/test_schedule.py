@@ -94,3 +94,54 @@ def test_jobs_choose_their_arrivals():
         parse_job("infer:tiny_cnn:arrivals=poisson")
     with pytest.raises(UsageError, match="constant or poisson"):
         parse_job("infer:tiny_cnn:rate=5,arrivals=bursty")
+
+
+class _FakeDevice:
+    """A device that runs queued steps one after another, each taking ``step_s`` of device time
+    (a fake at the CUDA boundary: markers are its events)."""
+
+    def __init__(self, step_s: float):
+        self.step_s = step_s
+        self.queued_until = 0.0  # device time at which the queued work ends
+        self.max_ahead = 0
+
+    def queue(self) -> None:
+        now = time.perf_counter()
+        self.queued_until = max(self.queued_until, now) + self.step_s
+        ahead = round((self.queued_until - now) / self.step_s)
+        self.max_ahead = max(self.max_ahead, ahead)
+
+    def mark(self):
+        class Marker:
+            at = self.queued_until
+
+            def wait(self) -> None:
+                delay = self.at - time.perf_counter()
+                if delay > 0:
+                    time.sleep(delay)
+
+            def seconds_since(self, earlier) -> float:
+                return self.at - earlier.at
+
+        return Marker()
+
+
+def test_queued_loop_keeps_the_device_busy_and_bounded_ahead():
+    device = _FakeDevice(step_s=0.004)
+    device.queued_until = time.perf_counter()
+    loop = ScheduledLoop()
+    steps = loop.run_queued(device.queue, device.mark, time.time() + 0.3, depth=2)
+    # The host never waited for a step to finish before queuing the next: steps complete every
+    # 4 ms of device time, and the throughput is the device's (no gap between steps).
+    assert steps == len(loop.step_times_s) >= 60
+    assert all(t == pytest.approx(0.004, abs=1e-9) for t in loop.step_times_s[1:])
+    assert steps * 0.004 / loop.window_s > 0.9
+    # ...nor ran away: at most depth + 1 steps were queued beyond the device at any time.
+    assert device.max_ahead <= 3
+    # The window ends after the device finished every step counted.
+    assert time.perf_counter() >= device.queued_until
+
+
+def test_queued_loop_rejects_a_depth_below_one():
+    with pytest.raises(ValueError, match="depth"):
+        ScheduledLoop().run_queued(lambda: None, lambda: None, time.time(), depth=0)

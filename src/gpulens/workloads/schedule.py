@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import random
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from gpulens.errors import UsageError
 
@@ -61,6 +63,16 @@ class Schedule:
             t += draws.expovariate(rate)
 
 
+class Marker(Protocol):
+    """A point in a device's queue of work (a recorded CUDA event): ``wait()`` blocks until the
+    device has passed it; ``seconds_since(earlier)`` is the device time between two passed
+    markers."""
+
+    def wait(self) -> None: ...
+
+    def seconds_since(self, earlier: Marker) -> float: ...
+
+
 @dataclass
 class ScheduledLoop:
     """Run ``step`` on ``schedule`` until ``end_unix_s``. ``step_times_s`` holds one entry per
@@ -86,6 +98,46 @@ class ScheduledLoop:
         finally:
             self.window_s = time.perf_counter() - t0
             self.end_unix_s = time.time()
+
+    def run_queued(
+        self,
+        queue_step: Callable[[], object],
+        mark: Callable[[], Marker],
+        end_unix_s: float,
+        depth: int = 2,
+    ) -> int:
+        """A closed loop whose steps are only queued on a device: the host runs at most ``depth``
+        steps ahead of the device (as a plain training loop does, bounded), never waiting for
+        each step. A step's time is the device time from the previous step's end marker to its
+        own (the period at which steps complete). Returns the steps done; ``window_s`` ends once
+        the device has finished every step counted."""
+        if depth < 1:
+            raise ValueError(f"depth must be 1 or more, got {depth}")
+        times = self.step_times_s
+        t0 = time.perf_counter()
+        self.start_unix_s = time.time()
+        pending: deque = deque()
+        prev = mark()
+        done = 0
+        try:
+            while time.time() < end_unix_s:
+                queue_step()
+                end = mark()
+                pending.append((prev, end))
+                prev = end
+                done += 1
+                if len(pending) > depth:
+                    start, stop = pending.popleft()
+                    stop.wait()
+                    times.append(stop.seconds_since(start))
+            while pending:
+                start, stop = pending.popleft()
+                stop.wait()
+                times.append(stop.seconds_since(start))
+        finally:
+            self.window_s = time.perf_counter() - t0
+            self.end_unix_s = time.time()
+        return done
 
     def _closed(self, step: Callable[[], object], end_unix_s: float, min_steps: int) -> None:
         times = self.step_times_s
