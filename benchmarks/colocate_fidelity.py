@@ -178,10 +178,13 @@ def summarize(rounds: list[dict]) -> dict:
             out[key] = {"ratios": [round(x, 4) for x in ratios],
                         "median": round(statistics.median(ratios), 4),
                         "ci95": interval95(ratios)}  # fmt: skip
-    sync = [r["plain_mps_sync"]["per_process"] for r in rounds if "plain_mps_sync" in r]
-    plain = [r["plain_mps"]["per_process"] for r in rounds if "plain_mps" in r]
-    if sync and plain:
-        ratios = [sum(s) / sum(p) for s, p in zip(sync, plain, strict=False)]
+    both = [
+        (r["plain_mps_sync"]["per_process"], r["plain_mps"]["per_process"])
+        for r in rounds
+        if "per_process" in r.get("plain_mps_sync", {}) and "per_process" in r.get("plain_mps", {})
+    ]
+    if both:
+        ratios = [sum(s) / sum(p) for s, p in both]
         out["plain_sync_each_step_vs_plain_mps"] = {
             "ratios": [round(x, 4) for x in ratios], "median": round(statistics.median(ratios), 4),
             "ci95": interval95(ratios)}  # fmt: skip
@@ -199,11 +202,13 @@ def main() -> int:
     ap.add_argument("--budget-s", type=float, default=480.0, help="start no round after this")
     ap.add_argument("--arms", default="gpulens,plain_alone,plain_ts,plain_mps,plain_mps_100,"
                     "plain_mps_sync")  # fmt: skip
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--out", type=Path, help="where the JSON goes (required)")
     args = ap.parse_args()
     if args.worker:
         plain_worker(json.loads(args.worker))
         return 0
+    if args.out is None:
+        ap.error("--out FILE is required")
     from gpulens.colocate import probe_device
 
     info = probe_device(None)
@@ -230,7 +235,7 @@ def main() -> int:
             except Exception as exc:  # one failed arm is recorded; the others go on
                 row[arm] = {"error": f"{type(exc).__name__}: {exc}"[:1500]}
             row[arm]["wall_s"] = round(time.monotonic() - t_arm, 1)
-            print(f"round {k} {arm}: {json.dumps(row[arm])[:300]}", file=sys.stderr, flush=True)
+            print(f"round {k} {arm}: {json.dumps(row[arm])[:1500]}", file=sys.stderr, flush=True)
         doc["rounds"].append(row)
         doc["summary"] = summarize(doc["rounds"])
         args.out.write_text(json.dumps(doc, indent=1))
