@@ -42,7 +42,7 @@ if doc:
     for k, v in (doc.get("breakdown_pct") or {}).items():
         if v is not None:
             print(f"  {k:<12} {v:6.2f} +- {ci.get(k) or 0:.2f}")
-    print(f"  runs: { {k: len(v) for k, v in (doc.get('runs') or {}).items()} }")
+    print(f"  runs: { {k: v for k, v in (doc.get('runs') or {}).items() if v} }")
     for n in doc.get("notes") or []:
         print(f"  note: {n[:400]}")
 PY

@@ -92,8 +92,9 @@ def data_wait_share(doc: dict) -> float | None:
 
 # --------------------------------------------------------------------------- agreement
 AGREEMENT_CASES = {
-    # GPU-bound (fp32 4096-wide MLP, ~8 ms steps on an H100): throughput steady to well under 1%
-    "gpu_bound": "--width 4096 --depth 4 --batch-size 1024 --epochs 150 --workers 0",
+    # GPU-bound (fp32 8192-wide MLP, ~16 ms of GPU work a step on an H100, far more than the
+    # loader's collation of 512 rows): throughput steady to well under 1%
+    "gpu_bound": "--width 8192 --depth 4 --batch-size 512 --epochs 40 --workers 0",
     # loader-bound: the script's file reads in 4 worker processes (data wait most of the step)
     "files_w4": "--data {files} --workers 4 --epochs 6 --batch-size 128",
     "files_w0": "--data {files} --workers 0 --epochs 1 --batch-size 128",
