@@ -94,7 +94,7 @@ def data_wait_share(doc: dict) -> float | None:
 AGREEMENT_CASES = {
     # GPU-bound (fp32 8192-wide MLP, ~16 ms of GPU work a step on an H100, far more than the
     # loader's collation of 512 rows): throughput steady to well under 1%
-    "gpu_bound": "--width 8192 --depth 4 --batch-size 512 --epochs 40 --workers 0",
+    "gpu_bound": "--width 8192 --depth 4 --batch-size 512 --epochs 20 --workers 0",
     # loader-bound: the script's file reads in 4 worker processes (data wait most of the step)
     "files_w4": "--data {files} --workers 4 --epochs 6 --batch-size 128",
     "files_w0": "--data {files} --workers 0 --epochs 1 --batch-size 128",
@@ -128,8 +128,10 @@ def agreement(args, env, out: dict) -> None:
             waits = (
                 f"{got['tracked']['data_wait_pct']:.1f}% vs {got['injected']['data_wait_pct']:.1f}%"
             )
-            print(f"agreement {case} pair {pair}: ratio {ratio:.4f}, data wait {waits}",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            print(f"agreement {case} pair {pair}: ratio {ratio:.4f}, data wait {waits}, "
+                  f"runs {got}", file=sys.stderr, flush=True)  # fmt: skip
+            if args.out:  # pairs measured so far survive a time limit
+                Path(args.out).write_text(json.dumps({"agreement_pairs": rows}, indent=1))
     summary = {}
     for case in cases:
         mine = [r for r in rows if r["case"] == case]

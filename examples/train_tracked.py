@@ -87,6 +87,7 @@ if distributed:
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 
 tracking = contextlib.nullcontext() if args.no_track else gpulens.track(name="tracked-example")
+total_loss, n_steps = 0.0, 0
 with tracking as tracker:  ###
     for epoch in range(args.epochs):
         if sampler is not None:
@@ -100,9 +101,11 @@ with tracking as tracker:  ###
             loss.backward()
             opt.step()
             opt.zero_grad()
+            total_loss += loss.item()  # as most scripts do (it waits for the step's GPU work)
+            n_steps += 1
             if tracker is not None:
                 tracker.step()  # optional: marks the end of the step explicitly
 if distributed:
     dist.destroy_process_group()
 if int(os.environ.get("RANK", "0")) == 0:
-    print(f"final loss {loss.item():.3f}")
+    print(f"final loss {loss.item():.3f}, mean {total_loss / max(1, n_steps):.3f}")

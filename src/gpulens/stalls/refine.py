@@ -11,7 +11,10 @@ from gpulens.run.result import RunResult
 from gpulens.stalls.config import StallsConfig
 from gpulens.stalls.model import Measured, breakdown_of, measure_all
 
-MAX_REPEATS = 8  # runs of one kind (cached, cold) pooled at most
+# Runs of one kind (cached, cold) pooled at most: high enough that the time budget is what
+# stops a user who asks for more time (cold passes over storage whose speed varies from pass to
+# pass by ±8% needed about 60 runs for a ±3-point fetch stall on an H100 VM).
+MAX_REPEATS = 64
 COST_MARGIN = 1.1  # a repeat may run longer than the slowest one so far
 
 
@@ -45,27 +48,56 @@ def best_repeat(
     return best, after
 
 
+def plan_to_target(
+    measured: dict[str, Measured | None],
+    counts: dict[str, int],
+    kinds: list[str],
+    cost_s: dict[str, float],
+    target_pp: float,
+    limit: int = 2 * MAX_REPEATS,
+) -> tuple[float, dict[str, int]] | None:
+    """Seconds of further runs, and how many of each kind, that would bring every share within
+    ``target_pp`` if the runs to come scatter like those so far; None when ``limit`` more runs
+    (or :data:`MAX_REPEATS` of a kind) would not."""
+    counts, total_s = dict(counts), 0.0
+    added = {k: 0 for k in kinds}
+    for _ in range(limit):
+        if widest(measured) <= target_pp:
+            return total_s, {k: n for k, n in added.items() if n}
+        open_kinds = [k for k in kinds if counts.get(k, 0) < MAX_REPEATS]
+        kind, measured = best_repeat(measured, counts, open_kinds, cost_s)
+        if kind is None:
+            return None
+        counts[kind] += 1
+        added[kind] += 1
+        total_s += cost_s[kind]
+    return (
+        (total_s, {k: n for k, n in added.items() if n}) if widest(measured) <= target_pp else None
+    )
+
+
 def time_to_target(
     measured: dict[str, Measured | None],
     counts: dict[str, int],
     kinds: list[str],
     cost_s: dict[str, float],
     target_pp: float,
-    limit: int = 32,
+    limit: int = 2 * MAX_REPEATS,
 ) -> float | None:
     """Seconds of further runs that would bring every share within ``target_pp``, if the runs
     to come scatter like those so far; None when ``limit`` more runs would not."""
-    counts, total_s = dict(counts), 0.0
-    for _ in range(limit):
-        if widest(measured) <= target_pp:
-            return total_s
-        open_kinds = [k for k in kinds if counts.get(k, 0) < MAX_REPEATS]
-        kind, measured = best_repeat(measured, counts, open_kinds, cost_s)
-        if kind is None:
-            return None
-        counts[kind] += 1
-        total_s += cost_s[kind]
-    return total_s if widest(measured) <= target_pp else None
+    plan = plan_to_target(measured, counts, kinds, cost_s, target_pp, limit)
+    return None if plan is None else plan[0]
+
+
+def _spread_pct(runs: list[RunResult]) -> float | None:
+    """Run-to-run standard deviation of throughput, % of the mean (None under 2 runs)."""
+    import statistics
+
+    xs = [r.throughput_samples_per_s for r in runs if r.throughput_samples_per_s]
+    if len(xs) < 2:
+        return None
+    return 100 * statistics.stdev(xs) / statistics.fmean(xs)
 
 
 def refine(
@@ -98,13 +130,24 @@ def refine(
         ]
         best, _ = best_repeat(measured, counts, fits, cost_s)
         if best is None:
-            more_s = time_to_target(measured, counts, list(rerun), cost_s, config.until_ci_pct)
-            need = (
-                f"; about {more_s:.0f} s more of runs would reach it "
-                f"(--time-budget {config.time_budget_s + more_s:.0f})"
-                if more_s is not None
-                else f"; even {MAX_REPEATS} runs of each would likely not reach it"
-            )
+            plan = plan_to_target(measured, counts, list(rerun), cost_s, config.until_ci_pct)
+            if plan is not None:
+                more_s, added = plan
+                runs = ", ".join(f"{n} more {kind} run{'s' if n > 1 else ''}"
+                                 for kind, n in added.items())  # fmt: skip
+                spreads = [
+                    f"the {kind} runs' throughputs differ by ±{sp:.1f}% (SD) from one run to the "
+                    "next, so only more of them narrow the interval"
+                    for kind in added
+                    if (sp := _spread_pct(repeats.get(kind, []))) is not None and sp > 2.0
+                ]
+                need = (
+                    f"; about {more_s:.0f} s more of runs would reach it "
+                    f"(--time-budget {config.time_budget_s + more_s:.0f}: {runs})"
+                    + (f"; {'; '.join(spreads)}" if spreads else "")
+                )
+            else:
+                need = f"; even {MAX_REPEATS} runs of each would likely not reach it"
             notes.append(
                 f"the widest share's 95% interval is ±{worst:.1f} points, short of "
                 f"±{config.until_ci_pct:g}: no further repeat of the cached run or the cold one "
