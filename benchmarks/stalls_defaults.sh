@@ -50,5 +50,5 @@ rm -f "$OUT/stalls.raw.json"
 tail -3 "$OUT/stalls-w$workers.log"
 if [ "${AGREEMENT_PAIRS:-0}" -gt 0 ]; then
   timeout "${AGREEMENT_TIMEOUT_S:-200}" python3 benchmarks/unmodified_check.py agreement \
-    --pairs "$AGREEMENT_PAIRS" --out "$OUT/agreement-$commit-$gpu-$day.json" 2> "$OUT/agreement.log" | tail -6
+    --pairs "$AGREEMENT_PAIRS" --agreement-cases ${AGREEMENT_CASES:-gpu_bound files_w4} --out "$OUT/agreement-$commit-$gpu-$day.json" 2> "$OUT/agreement.log" | tail -6
 fi
