@@ -7,6 +7,9 @@ Each round (arms rotated from round to round, all in one call) runs:
   plain_mps_100   the same with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100 (what colocate sets)
   plain_mps_sync  two plain processes under MPS that wait for every step (torch.cuda.synchronize
                   after each step: what the colocate jobs did before they queued their steps)
+  plain_alone_stream  one plain process whose loop runs on a side CUDA stream (as a job's does)
+  plain_alone_mimic   one plain process shaped like a colocate job: its loop in a second thread,
+                  on a side stream, a CUDA event recorded per step and waited for two steps later
   gpulens         `gpulens colocate JOB JOB --mechanisms time-slice,mps --mps-thread-pct 100`:
                   its alone figure, time-slice and MPS together
 
@@ -52,6 +55,10 @@ def plain_worker(spec: dict) -> None:
     x = x.contiguous(memory_format=torch.channels_last)
     y = torch.randint(0, wl.num_classes, (spec["batch"],), device=device)
     sync_each = spec["sync_each_step"]
+    shape = spec.get("shape", "plain")  # plain, stream (side stream) or mimic (a job's shape)
+    stream = torch.cuda.Stream() if shape in ("stream", "mimic") else None
+    if stream is not None:
+        torch.cuda.current_stream().synchronize()
 
     def step() -> None:
         with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
@@ -62,37 +69,59 @@ def plain_worker(spec: dict) -> None:
         if sync_each:
             torch.cuda.synchronize()
 
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < spec["warmup_s"]:
-        step()
-    torch.cuda.synchronize()
-    Path(spec["ready_file"]).write_text("ready")
-    while not Path(spec["go_file"]).exists():
-        time.sleep(0.002)
-    go = float(Path(spec["go_file"]).read_text())
-    while time.time() < go:
-        time.sleep(0.0005)
-    start = time.perf_counter()
-    end_unix = go + spec["duration_s"]
-    steps = 0
-    while time.time() < end_unix:
-        step()
-        steps += 1
-    torch.cuda.synchronize()
-    window_s = time.perf_counter() - start
-    doc = {"steps": steps, "window_s": window_s,
-           "samples_per_s": steps * spec["batch"] / window_s}  # fmt: skip
+    def loop(doc: dict) -> None:
+        import contextlib
+
+        ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+        with ctx:
+            t0 = time.perf_counter()
+            while time.perf_counter() - t0 < spec["warmup_s"]:
+                step()
+            torch.cuda.synchronize()
+            Path(spec["ready_file"]).write_text("ready")
+            while not Path(spec["go_file"]).exists():
+                time.sleep(0.002)
+            go = float(Path(spec["go_file"]).read_text())
+            while time.time() < go:
+                time.sleep(0.0005)
+            start = time.perf_counter()
+            end_unix = go + spec["duration_s"]
+            steps, events = 0, []
+            while time.time() < end_unix:
+                step()
+                steps += 1
+                if shape == "mimic":
+                    ev = torch.cuda.Event(enable_timing=True)
+                    ev.record(stream)
+                    events.append(ev)
+                    if len(events) > 2:
+                        events[-3].synchronize()
+            torch.cuda.synchronize()
+            window_s = time.perf_counter() - start
+        doc.update(steps=steps, window_s=window_s, samples_per_s=steps * spec["batch"] / window_s)
+
+    doc: dict = {}
+    if shape == "mimic":
+        import threading
+
+        t = threading.Thread(target=loop, args=(doc,))
+        t.start()
+        t.join()
+    else:
+        loop(doc)
     Path(spec["result_file"]).write_text(json.dumps(doc))
 
 
-def run_plain(n: int, args, env: dict[str, str], sync_each: bool) -> list[float]:
+def run_plain(
+    n: int, args, env: dict[str, str], sync_each: bool, shape: str = "plain"
+) -> list[float]:
     """``n`` plain processes started together; samples/s of each."""
     d = Path(tempfile.mkdtemp(prefix="fidelity-"))
     go = d / "go"
     procs, results = [], []
     for i in range(n):
         spec = {"model": args.model, "batch": args.batch, "warmup_s": args.warmup_s,
-                "duration_s": args.duration_s, "sync_each_step": sync_each,
+                "duration_s": args.duration_s, "sync_each_step": sync_each, "shape": shape,
                 "ready_file": str(d / f"ready{i}"), "go_file": str(go),
                 "result_file": str(d / f"result{i}.json")}  # fmt: skip
         results.append(Path(spec["result_file"]))
@@ -121,6 +150,8 @@ def arm_plain(name: str, args, gpu_uuid: str | None) -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     if name == "plain_alone":
         return {"per_process": run_plain(1, args, env, False)}
+    if name in ("plain_alone_stream", "plain_alone_mimic"):
+        return {"per_process": run_plain(1, args, env, False, name.rsplit("_", 1)[1])}
     if name == "plain_ts":
         return {"per_process": run_plain(2, args, env, False)}
     sync_each = name == "plain_mps_sync"
@@ -166,6 +197,8 @@ def summarize(rounds: list[dict]) -> dict:
         "time_slice": ("time-slice", "plain_ts", 2),
         "mps": ("mps", "plain_mps", 2),
         "mps_vs_plain_100": ("mps", "plain_mps_100", 2),
+        "alone_vs_plain_stream": ("alone", "plain_alone_stream", 1),
+        "alone_vs_plain_mimic": ("alone", "plain_alone_mimic", 1),
     }
     out = {}
     for key, (g, p, n) in pairs.items():
