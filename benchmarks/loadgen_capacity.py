@@ -9,6 +9,7 @@ whether the target held. On a 2-core machine the server takes one core, the gene
 
     /work/venv/bin/python benchmarks/loadgen_capacity.py --rate 5000 --duration 10
     /work/venv/bin/python benchmarks/loadgen_capacity.py --rate 1000,2000,5000 --json out.json
+    /work/venv/bin/python benchmarks/loadgen_capacity.py --client aiohttp --rate 2000,3000
 """
 
 from __future__ import annotations
@@ -26,13 +27,19 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 META = json.dumps(
-    {"name": "tiny", "versions": ["1"], "platform": "canned",
-     "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}],
-     "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, 1]}]}  # fmt: skip
+    {
+        "name": "tiny",
+        "versions": ["1"],
+        "platform": "canned",
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}],
+        "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, 1]}],
+    }  # fmt: skip
 ).encode()
 INFER = json.dumps(
-    {"model_name": "tiny", "outputs": [{"name": "y", "datatype": "FP32", "shape": [1, 1],
-                                         "data": [0.5]}]}  # fmt: skip
+    {
+        "model_name": "tiny",
+        "outputs": [{"name": "y", "datatype": "FP32", "shape": [1, 1], "data": [0.5]}],
+    }  # fmt: skip
 ).encode()
 
 
@@ -89,12 +96,14 @@ def serve(sock: socket.socket) -> None:
     asyncio.run(main())
 
 
-def one_rate(url: str, rate: float, duration: float, warmup: float, seed: int) -> dict:
+def one_rate(
+    url: str, rate: float, duration: float, warmup: float, seed: int, client: str = "auto"
+) -> dict:
     from gpulens.serve.load_config import LoadConfig, TenantSpec
     from gpulens.serve.loadgen import run_load
 
     cfg = LoadConfig(url=url, tenants=(TenantSpec("tiny", rate),), duration_s=duration,
-                     warmup_s=warmup, seed=seed)  # fmt: skip
+                     warmup_s=warmup, seed=seed, client=client)  # fmt: skip
     t0 = time.process_time()
     wall0 = time.perf_counter()
     out = run_load(cfg)
@@ -124,6 +133,7 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=10.0)
     parser.add_argument("--warmup", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--client", default="auto", help="auto/raw (gpulens's own) or aiohttp")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
 
@@ -140,7 +150,7 @@ def main() -> int:
     results = []
     try:
         for rate in [float(r) for r in args.rate.split(",")]:
-            r = one_rate(url, rate, args.duration, args.warmup, args.seed)
+            r = one_rate(url, rate, args.duration, args.warmup, args.seed, args.client)
             results.append(r)
             verdict = "HELD" if r["target_held"] else "NOT HELD"
             print(
@@ -155,7 +165,7 @@ def main() -> int:
     finally:
         server.terminate()
         server.join(5)
-    doc = {"benchmark": "loadgen_capacity", "cpus": os.cpu_count(),
+    doc = {"benchmark": "loadgen_capacity", "cpus": os.cpu_count(), "client": args.client,
            "python": sys.version.split()[0], "results": results}  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps(doc, indent=1))

@@ -15,7 +15,7 @@ from typing import Any
 import typer
 
 from gpulens import __version__
-from gpulens.cli import colocate, common, doctor, report, run, stalls, ui
+from gpulens.cli import colocate, common, doctor, load, report, run, serve, stalls, ui
 from gpulens.cli.data import data_app
 from gpulens.cli.runs import runs_app
 from gpulens.report import failure, output
@@ -65,6 +65,8 @@ def _global(
 run.register_run(app)
 stalls.register(app)
 colocate.register(app)
+serve.register(app)
+load.register(app)
 run.register_demo(app)
 doctor.register(app)  # doctor, workloads
 app.add_typer(data_app, name="data")

@@ -228,6 +228,17 @@ class RunWriter:
             self.finish(schema.STATUS_FAILED, error=str(exc) or exc_type.__name__)
 
 
+def write_series_frame(record_dir: Path, name: str, frame) -> Path:
+    """Write a whole series at once (a DataFrame known only at the end, e.g. one row per
+    request of a load run) as ``series/<name>.parquet``, atomically."""
+    path = Path(record_dir) / schema.SERIES_DIR / f"{name}{schema.PARQUET_SUFFIX}"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name("." + path.name + ".tmp")
+    pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), tmp)
+    os.replace(tmp, path)
+    return path
+
+
 def amend_summary(record_dir: Path, **fields: Any) -> dict[str, Any]:
     """Add figures computed from an ended run's own series to its ``run.json`` summary (e.g. the
     paired fetch stall from its prep rows), atomically; returns the new summary. Raises

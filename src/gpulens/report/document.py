@@ -8,6 +8,8 @@ Which figures for which run:
 - the stall runs among them (role ``stalls:*``): the stall breakdown with 95% intervals;
 - a colocate experiment: alone vs together, the slowdown heat map, combined throughput and
   fairness;
+- a serving run (``gpulens serve`` / ``gpulens load``): per model or tenant latency against the
+  SLO, latency over time and its distribution, the batch sizes served;
 - two runs or more: one comparison table, differences from the first run marked.
 """
 
@@ -20,7 +22,7 @@ from typing import Any
 import pandas as pd
 
 from gpulens.record.reader import RunRecord, read_prep
-from gpulens.report import figures
+from gpulens.report import figures, serving
 
 # A difference from the first run is marked when it exceeds both intervals' half-widths, or
 # this share where no interval is known.
@@ -116,6 +118,34 @@ def run_section(record: RunRecord) -> Section:
     prep_fig = figures.prep_figure(prep if not prep.empty else None, "loader stages per worker")
     if prep_fig is not None:
         section.figures.append(prep_fig)
+    for kind, why in (record.meta.get("unsupported") or {}).items():
+        section.notes.append(f"{kind} not measured: {why}")
+    return section
+
+
+def serving_section(record: RunRecord) -> Section:
+    """A ``gpulens serve`` or ``gpulens load`` run: per model or tenant figures, the latency
+    percentiles against the SLO, latency over time, and the batch sizes served."""
+    summary = record.meta.get("summary") or {}
+    section = Section(_title(record))
+    if record.meta.get("kind") == "load":
+        section.facts = serving.load_facts(summary)
+        requests = _series(record, "requests")
+        builders = (
+            serving.latency_percentile_figure(summary),
+            serving.latency_over_time_figure(requests),
+            serving.latency_cdf_figure(requests),
+        )
+        section.notes += [str(n) for n in summary.get("generator_notes") or []]
+    else:
+        section.facts = serving.serve_facts(summary, record.meta.get("effective_config") or {})
+        builders = (serving.batch_size_figure(_series(record, "batches")),)
+    section.figures = [f for f in builders if f is not None]
+    timeline = figures.timeline_figure(_series(record, "gpu"), None, "GPU while serving")
+    if timeline is not None:
+        section.figures.append(timeline)
+    if not summary:
+        section.notes.append("this run ended before it had a summary")
     for kind, why in (record.meta.get("unsupported") or {}).items():
         section.notes.append(f"{kind} not measured: {why}")
     return section
@@ -234,9 +264,13 @@ def comparison_section(records: list[RunRecord]) -> Section:
     return section
 
 
+# Runs that are not training runs: a section of their own, and no place in the comparison.
+SECTION_OF_KIND = {"colocate": colocate_section, "serve": serving_section, "load": serving_section}
+
+
 def build_report(records: list[RunRecord]) -> list[Section]:
     """The sections for these records, in the order given; a comparison first for several."""
-    runs = [r for r in records if r.meta.get("kind") != "colocate"]
+    runs = [r for r in records if r.meta.get("kind") not in SECTION_OF_KIND]
     sections: list[Section] = []
     if len(runs) >= 2:
         sections.append(comparison_section(runs))
@@ -246,7 +280,7 @@ def build_report(records: list[RunRecord]) -> list[Section]:
         if stall is not None:
             sections.append(stall)
     for r in records:
-        sections.append(colocate_section(r) if r.meta.get("kind") == "colocate" else run_section(r))
+        sections.append(SECTION_OF_KIND.get(r.meta.get("kind"), run_section)(r))
     if len(runs) == 1:
         only = comparison_section(runs)
         sections[-1].figures += only.figures  # the step-time distribution of the one run

@@ -152,6 +152,14 @@ def _first(*values: Any) -> Any:
     return None
 
 
+def serving_workload(kind: str, config: dict[str, Any]) -> str | None:
+    """What a serving run served or loaded: ``serve: resnet50+bert`` / ``load: resnet50``."""
+    items = config.get("models") if kind == "serve" else config.get("tenants")
+    names = [str(i.get("name") or i.get("model")) if isinstance(i, dict) else str(i)
+             for i in items or []]  # fmt: skip
+    return f"{kind}: {'+'.join(names)}" if names else None
+
+
 def run_facts(record: RunRecord) -> dict[str, Any]:
     """The ``BASE_COLUMNS`` of one record, as plain JSON-safe values."""
     meta = record.meta
@@ -162,6 +170,8 @@ def run_facts(record: RunRecord) -> dict[str, Any]:
     workload = _first(summary.get("workload"), eff.get("workload"), req.get("workload"))
     if workload is None and meta.get("kind") == "command":
         workload = _first(eff.get("command"), req.get("command"))
+    if workload is None and meta.get("kind") in ("serve", "load"):
+        workload = serving_workload(meta.get("kind"), eff or req)
     if isinstance(workload, (list, tuple)):
         workload = " ".join(map(str, workload))
     return {

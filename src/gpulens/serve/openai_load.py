@@ -1,0 +1,100 @@
+"""A generative tenant: an OpenAI-compatible ``/v1/completions`` endpoint driven with
+``stream: true`` (server-sent events), timed per token.
+
+- time to first token (TTFT): from the request's scheduled arrival to the first event that
+  carries text (so queueing counts, as for request latency);
+- time per output token (TPOT): (last token − first token) / (tokens − 1), tokens being the
+  server's ``usage.completion_tokens`` when it sends one, else the text events counted.
+
+The prompt is ``prompt_tokens`` copies of a common word (one token each in GPT-style
+tokenizers); ``max_tokens`` bounds the output. aiohttp comes in through the session given.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+
+PATH = "/v1/completions"
+PROMPT_WORD = " the"
+
+
+@dataclass
+class StreamTiming:
+    """One streamed completion: times from ``time.perf_counter``; NaN where none came."""
+
+    status: int
+    first_token_s: float = math.nan
+    last_token_s: float = math.nan
+    tokens: int = 0
+
+
+def completion_body(model: str, prompt_tokens: int, max_tokens: int) -> bytes:
+    body = {
+        "model": model,
+        "prompt": PROMPT_WORD * prompt_tokens,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def parse_event(line: bytes) -> dict | None:
+    """One SSE line -> its JSON payload; None for comments, blank lines and ``[DONE]``."""
+    line = line.strip()
+    if not line.startswith(b"data:"):
+        return None
+    payload = line[5:].strip()
+    if not payload or payload == b"[DONE]":
+        return None
+    try:
+        obj = json.loads(payload)
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def event_text(obj: dict) -> str:
+    choices = obj.get("choices") or []
+    if not choices or not isinstance(choices[0], dict):
+        return ""
+    first = choices[0]
+    return first.get("text") or (first.get("delta") or {}).get("content") or ""
+
+
+async def stream_completion(session, url: str, body: bytes, timeout) -> StreamTiming:
+    """POST one streamed completion and time its tokens (errors raise as aiohttp's do)."""
+    headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+    async with session.post(url + PATH, data=body, headers=headers, timeout=timeout) as resp:
+        if resp.status != 200:
+            await resp.read()
+            return StreamTiming(resp.status)
+        timing = StreamTiming(resp.status)
+        events, usage = 0, None
+        async for line in resp.content:
+            if line.strip() == b"data: [DONE]":
+                break
+            obj = parse_event(line)
+            if obj is None:
+                continue
+            if event_text(obj):
+                now = time.perf_counter()
+                if events == 0:
+                    timing.first_token_s = now
+                timing.last_token_s = now
+                events += 1
+            tokens = (obj.get("usage") or {}).get("completion_tokens")
+            if isinstance(tokens, int):
+                usage = tokens
+        timing.tokens = usage if usage is not None else events
+        return timing
+
+
+def time_per_output_token_s(timing: StreamTiming) -> float:
+    if timing.tokens < 2 or math.isnan(timing.first_token_s):
+        return math.nan
+    return (timing.last_token_s - timing.first_token_s) / (timing.tokens - 1)

@@ -1,0 +1,229 @@
+"""gpulens load against small fake servers on loopback: KServe v2 (with an injected delay,
+failures and Triton-style /metrics) and an OpenAI-compatible streaming endpoint."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("aiohttp")
+
+from load_fakes import FakeKServe, FakeOpenAI  # noqa: E402
+
+import gpulens.cli.load as cli_load  # noqa: E402
+from gpulens.cli import main  # noqa: E402
+from gpulens.serve.load_config import LoadConfig, TenantSpec  # noqa: E402
+from gpulens.serve.loadgen import run_load  # noqa: E402
+
+CONTRACT = {"url", "duration_s", "tenants", "loadgen_lateness_ms_p99", "server",
+            "cost_per_1k_requests_usd"}  # fmt: skip
+TENANT_KEYS = {"model", "intended_rate_rps", "achieved_rate_rps", "latency_ms", "slo_ms",
+               "slo_attainment", "goodput_rps", "errors"}  # fmt: skip
+
+
+def measure(url, *tenants, duration=1.5, warmup=0.3, **kw):
+    kw.setdefault("timeout_s", 3.0)
+    cfg = LoadConfig(url=url, tenants=tuple(TenantSpec.parse(t) for t in tenants),
+                     duration_s=duration, warmup_s=warmup, **kw)  # fmt: skip
+    out = run_load(cfg)
+    return out, out.document(cfg)
+
+
+@pytest.mark.parametrize("client", ["raw", "aiohttp"])
+def test_rates_latencies_and_the_server_split_against_a_fake_server(client):
+    with FakeKServe(delay_s=0.004) as srv:
+        out, doc = measure(
+            srv.url, "small:rate=150:slo_ms=100", "large:rate=40:arrival=constant", client=client
+        )
+        bodies = srv.bodies
+    small, large = doc["tenants"]
+    rec = out.records
+    for t in (small, large):
+        assert t["errors"]["count"] == 0
+        assert t["achieved_rate_rps"] == pytest.approx(t["scheduled_rate_rps"], rel=0.02)
+        assert t["latency_ms"]["p50"] >= 4.0  # never below the server's own delay
+    assert small["achieved_rate_rps"] == pytest.approx(150, rel=0.25)  # Poisson, 225 expected
+    assert large["achieved_rate_rps"] == pytest.approx(40, rel=0.02)  # constant: exact
+    assert small["slo_attainment"] == 1.0 and large["slo_attainment"] is None
+    ok = rec.ok() & rec.measured()
+    assert np.all(rec.done_s[ok] - rec.scheduled_s[ok] >= 0.004)
+    assert np.all(rec.sent_s[ok] >= rec.scheduled_s[ok])
+    assert doc["loadgen_lateness_ms_p99"] is not None and doc["loadgen_lateness_ms_p99"] < 20
+    # the server's own split, warm-up excluded: about one request per measured request
+    server = doc["server"]["models"]
+    assert server["small"]["requests"] == pytest.approx(small["requests"], abs=8)
+    assert server["small"]["mean_queue_ms"] == pytest.approx(1.0, rel=0.05)  # 1/4 of 4 ms
+    assert server["small"]["mean_batch_size"] == pytest.approx(2.0, rel=0.05)
+    # the large model's 12 KB input went as binary tensor data, the small one as JSON
+    assert doc["requests_sent"]["large"]["binary"] and not doc["requests_sent"]["small"]["binary"]
+    assert any(b["binary_header"] for b in bodies) and any(not b["binary_header"] for b in bodies)
+
+
+def test_slo_attainment_drops_when_the_delay_exceeds_the_slo():
+    with FakeKServe(delay_s=lambda m, _r: 0.030 if m == "large" else 0.002) as srv:
+        _, doc = measure(srv.url, "small:rate=50:slo_ms=20", "large:rate=50:slo_ms=20", duration=1)
+    small, large = doc["tenants"]
+    assert small["slo_attainment"] >= 0.95
+    assert large["slo_attainment"] == 0.0 and large["goodput_rps"] == 0.0
+    assert large["latency_ms"]["p50"] >= 30.0
+
+
+def test_server_errors_are_counted_and_miss_the_slo():
+    with FakeKServe(delay_s=0.001, fail_every=4) as srv:
+        _, doc = measure(srv.url, "small:rate=100:slo_ms=200:arrival=constant", duration=1)
+    with FakeKServe(delay_s=0.3) as slow:  # past the request timeout
+        _, late = measure(slow.url, "small:rate=20:arrival=constant", duration=0.5, timeout_s=0.1)
+    with FakeKServe(drop_every=1) as rude:  # closes every connection without an answer
+        _, refused = measure(rude.url, "small:rate=20", duration=0.5, warmup=0)
+    t = doc["tenants"][0]
+    assert t["errors"]["by_kind"].get("http_500", 0) == pytest.approx(t["requests"] / 4, abs=2)
+    assert t["slo_attainment"] == pytest.approx(0.75, abs=0.03)
+    assert t["achieved_rate_rps"] == pytest.approx(75.0, abs=3)
+    assert doc["generator_limited"]  # achieved < 98% of scheduled is said, with its errors
+    assert late["tenants"][0]["errors"]["by_kind"] == {"timeout": late["tenants"][0]["requests"]}
+    assert refused["tenants"][0]["errors"]["by_kind"] == {
+        "connection": refused["tenants"][0]["requests"]
+    }
+
+
+@pytest.mark.parametrize("chunked, close", [(True, False), (False, True), (True, True)])
+def test_the_raw_client_reads_chunked_bodies_and_honours_connection_close(chunked, close):
+    with FakeKServe(delay_s=0.001, chunked=chunked, close=close) as srv:
+        out, doc = measure(srv.url, "small:rate=100:arrival=constant", duration=0.5, client="raw")
+    t = doc["tenants"][0]
+    assert t["errors"]["count"] == 0 and t["requests"] == 50
+    assert np.all(out.records.status[out.records.measured()] == 200)
+
+
+def test_find_max_finds_a_known_capacity():
+    # fast below 120 requests/s (as the server sees them over 0.5 s), far past the SLO above
+    limit = 120.0
+    with FakeKServe(delay_s=lambda _m, rate: 0.001 if rate <= limit + 5 else 0.080) as srv:
+        from gpulens.serve.load_search import find_max
+
+        base = LoadConfig(url=srv.url, tenants=(TenantSpec("small", 40.0, 40.0, "constant"),),
+                          duration_s=0.8, warmup_s=0.6, timeout_s=3.0)  # fmt: skip
+
+        def trial(rate):
+            cfg = base.with_tenant(base.tenants[0].with_rate(rate))
+            return run_load(cfg).document(cfg)
+
+        result, doc = find_max(trial, "small", 40.0, 40.0, max_trials=9, tolerance=0.08)
+    assert result["max_rate_rps"] == pytest.approx(limit, rel=0.12), result["trials"]
+    assert [t["rate_rps"] for t in result["trials"]][:3] == [40.0, 80.0, 160.0]
+    assert doc["tenants"][0]["slo_attainment"] >= 0.99
+
+
+def test_openai_streaming_reports_ttft_and_tpot():
+    with FakeOpenAI(ttft_s=0.03, tpot_s=0.004, tokens=6) as srv:
+        cfg = LoadConfig(url=srv.url, tenants=(TenantSpec("llm", 20.0, 200.0, openai=True),),
+                         duration_s=1.0, warmup_s=0.2, prompt_tokens=16, max_tokens=6)  # fmt: skip
+        doc = run_load(cfg).document(cfg)
+        sent = srv.requests[0]
+    t = doc["tenants"][0]
+    assert sent["stream"] is True and sent["max_tokens"] == 6 and sent["model"] == "llm"
+    assert t["errors"]["count"] == 0 and t["requests"] > 5
+    assert 30.0 <= t["ttft_ms"]["p50"] < 60.0
+    assert t["tpot_ms"]["p50"] == pytest.approx(4.0, abs=2.0)
+    assert t["latency_ms"]["p50"] >= 30.0 + 5 * 4.0
+    assert doc["server"] is None and "404" in doc["server_reason"]
+
+
+def test_single_stream_and_offline_scenarios():
+    with FakeKServe(delay_s=0.005) as srv:
+        out, doc = measure(srv.url, "small:rate=10", duration=0.5, warmup=0.1,
+                           scenario="single-stream")  # fmt: skip
+        rec = out.records
+        # one at a time: each request leaves after the one before came back
+        assert np.all(rec.sent_s[1:] >= rec.done_s[:-1])
+        assert doc["scenario"]["metric"] == "p90_latency_ms"
+        assert doc["scenario"]["value"] >= 5.0
+        _, doc = measure(srv.url, "small:rate=10:batch=2", scenario="offline",
+                         offline_requests=200)  # fmt: skip
+    assert doc["tenants"][0]["requests"] == 200 and doc["tenants"][0]["errors"]["count"] == 0
+    assert doc["scenario"]["samples"] == 400 and doc["scenario"]["value"] > 0
+
+
+# ------------------------------------------------------------------------------ the command
+def run_cli(capsys, *args):
+    code = main(list(args))
+    cap = capsys.readouterr()
+    return code, cap.out, cap.err
+
+
+def test_cli_json_contract_and_record(capsys, gpulens_home):
+    with FakeKServe(delay_s=0.002, metrics=False) as srv:
+        code, out, err = run_cli(
+            capsys, "load", "--url", srv.url, "--tenant", "small:rate=50:slo_ms=50",
+            "--tenant", "large:rate=20", "--duration", "0.8", "--warmup", "0.2",
+            "--price-per-hour", "3.6", "--json", "--no-store",
+        )  # fmt: skip
+    assert code == 0, err
+    doc = json.loads(out)  # exactly one document
+    assert set(doc) >= CONTRACT
+    assert all(set(t) >= TENANT_KEYS for t in doc["tenants"])
+    assert set(doc["tenants"][0]["latency_ms"]) == {"p50", "p90", "p99", "p999"}
+    assert doc["server"] is None and doc["server_reason"]
+    goodput = sum(t["goodput_rps"] for t in doc["tenants"])
+    assert doc["cost_per_1k_requests_usd"] == pytest.approx(3.6 / (3600 * goodput) * 1000, rel=1e-3)
+    meta = json.loads((gpulens_home / "runs" / doc["run_id"] / "run.json").read_text())
+    assert meta["kind"] == "load" and meta["status"] == "finished"
+    assert meta["summary"]["tenants"]["small"]["goodput_rps"] == doc["tenants"][0]["goodput_rps"]
+    # what ran beside what was asked: the client chosen for "auto", the requests sent
+    assert meta["requested_config"]["client"] == "auto"
+    assert meta["effective_config"]["client"] == "raw"
+    assert meta["effective_config"]["requests_sent"]["large"]["binary"] is True
+    # one row per scheduled request; the measured ones are the document's requests
+    from gpulens.record.reader import read_record
+
+    record = read_record(gpulens_home / "runs" / doc["run_id"])
+    from gpulens.store.queries import run_facts
+
+    assert run_facts(record)["workload"] == "load: small+large"  # what `runs list` shows
+    rows = record.series("requests")
+    measured = rows[rows["measured"]]
+    for t in doc["tenants"]:
+        mine = measured[measured["model"] == t["model"]]
+        assert len(mine) == t["requests"]
+        ok = mine[(mine["status"] >= 200) & (mine["status"] < 300)]
+        assert np.percentile(ok["latency_ms"], 50) == pytest.approx(
+            t["latency_ms"]["p50"], rel=1e-3
+        )
+    assert (rows["latency_ms"].dropna() >= 2.0).all()  # never below the server's delay
+    # the report draws it: latency per tenant, over time and as a distribution
+    pytest.importorskip("plotly")
+    from gpulens.report.document import build_report
+
+    (section,) = build_report([record])
+    assert section.title.startswith("load-small+large (load, finished)")
+    assert len(section.figures) >= 3
+    assert any(label == "small" and "SLO 50 ms met by" in text for label, text in section.facts)
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--url", "http://127.0.0.1:1", "--tenant", "m:rate=fast"], "not a number"),
+        (["--url", "http://127.0.0.1:1", "--tenant", "m"], "give a rate"),
+        (["--tenant", "m:rate=5"], "--url"),
+        (["--url", "http://127.0.0.1:1"], "--tenant"),
+        (["--url", "http://127.0.0.1:1", "--tenant", "m:rate=5", "--find-max", "x"], "no --tenant"),
+        (["--url", "http://127.0.0.1:1", "--tenant", "m:rate=5", "--openai", "x"], "--openai x"),
+    ],
+)
+def test_usage_errors_exit_2_with_one_line(capsys, args, fragment):
+    code, out, err = run_cli(capsys, "load", *args)
+    assert code == 2 and out == ""
+    assert fragment in err and len(err.strip().splitlines()) == 1
+
+
+def test_without_aiohttp_the_command_names_the_extra(capsys, monkeypatch):
+    real = cli_load.importlib.util.find_spec
+    monkeypatch.setattr(
+        cli_load.importlib.util, "find_spec", lambda n, *a: None if n == "aiohttp" else real(n, *a)
+    )
+    code, _, err = run_cli(capsys, "load", "--url", "http://127.0.0.1:1", "--tenant", "m:rate=5")
+    assert code == 2 and "pip install 'gpulens[serve]'" in err
+    assert len(err.strip().splitlines()) == 1
