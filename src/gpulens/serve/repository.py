@@ -48,11 +48,16 @@ class ServedModel:
         self.device = device
         self.precision = precision
         self.max_batch = max_batch
-        base = spec.build().eval().to(device)
-        self.instances = [base] + [copy.deepcopy(base) for _ in range(instances - 1)]
         cuda = device.type == "cuda"
-        self.streams = [torch.cuda.Stream(device) for _ in self.instances] if cuda else None
         self.input = spec.inputs[0]
+        # image models on a GPU run channels_last, as the training recipe does (cuDNN's fast
+        # convolution kernels want NHWC); requests stay NCHW on the wire
+        self.channels_last = cuda and self.input.datatype == "FP32" and len(self.input.shape) == 3
+        base = spec.build().eval().to(device)
+        if self.channels_last:
+            base = base.to(memory_format=torch.channels_last)
+        self.instances = [base] + [copy.deepcopy(base) for _ in range(instances - 1)]
+        self.streams = [torch.cuda.Stream(device) for _ in self.instances] if cuda else None
 
     # ------------------------------------------------------------------------ metadata
     def metadata(self) -> dict:
@@ -129,6 +134,8 @@ class ServedModel:
         ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
         with ctx, torch.inference_mode():
             x = torch.from_numpy(np.ascontiguousarray(batch)).to(self.device, non_blocking=True)
+            if self.channels_last:
+                x = x.contiguous(memory_format=torch.channels_last)
             t1 = time.perf_counter_ns()
             dtype = _AUTOCAST.get(self.precision)
             autocast = (
