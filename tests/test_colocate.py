@@ -411,7 +411,10 @@ def test_builtin_jobs_on_the_cpu_with_poisson_requests(tmp_path):
     from gpulens.colocate import run_colocate
 
     config = ColocateConfig(
-        jobs=[parse_job("tiny_cnn:batch=4"), parse_job("infer:tiny_cnn:rate=40,arrivals=poisson")],
+        jobs=[
+            parse_job("tiny_cnn:batch=4"),
+            parse_job("infer:tiny_cnn:rate=40,arrivals=poisson,slo_ms=200"),
+        ],
         mechanisms=("time-slice",),
         device="cpu",
         duration_s=1.0,
@@ -421,6 +424,7 @@ def test_builtin_jobs_on_the_cpu_with_poisson_requests(tmp_path):
     assert doc["status"] == "finished", doc.get("error")
     infer = [j for j in doc["jobs"] if j["kind"] == "infer"][0]
     assert infer["key"].endswith("rate=40,arrivals=poisson")
+    assert infer["slo_ms"] == 200
     (result,) = doc["results"]
     assert result["status"] == "ok"
     train, infer = result["jobs"]
@@ -429,3 +433,26 @@ def test_builtin_jobs_on_the_cpu_with_poisson_requests(tmp_path):
     # together, with latencies from their arrivals.
     assert 20 <= infer["steps"] <= 60
     assert 0 < infer["step_time_p50_alone_s"] <= infer["step_time_p99_alone_s"]
+    # SLO attainment alone and together: the share of the latencies within 200 ms
+    for share in (infer["slo_attainment_alone"], infer["slo_attainment"]):
+        assert 0.0 <= share <= 1.0
+    lost = 100 * (infer["slo_attainment_alone"] - infer["slo_attainment"])
+    assert infer["slo_attainment_lost_pp"] == pytest.approx(lost)
+    assert "slo_ms" not in train  # training jobs have no SLO columns
+
+
+def test_slo_attainment_counts_latencies_within_the_target():
+    from gpulens.colocate.metrics import slo_attainment, slo_fields
+
+    assert slo_attainment([0.010, 0.020, 0.050, 0.051], 50) == 0.75
+    assert slo_attainment([], 50) is None and slo_attainment([0.01], None) is None
+    assert slo_fields(None, 1.0, 0.5) == {}
+    fields = slo_fields(50.0, 0.99, 0.90)
+    assert fields["slo_attainment_lost_pp"] == pytest.approx(9.0)
+    assert slo_fields(50.0, None, 0.9)["slo_attainment_lost_pp"] is None
+    job = parse_job("infer:tiny_cnn:rate=10,slo_ms=25")
+    assert job.slo_ms == 25.0 and JobSpec.from_dict(job.to_dict()) == job
+    with pytest.raises(UsageError, match="slo_ms= is for infer"):
+        parse_job("tiny_cnn:slo_ms=25")
+    with pytest.raises(UsageError, match="slo_ms"):
+        parse_job("infer:tiny_cnn:slo_ms=fast")

@@ -34,6 +34,8 @@ from gpulens.colocate.metrics import (
     energy_per_sample,
     memory_fit,
     quadrature,
+    slo_attainment,
+    slo_fields,
     slowdown,
     summarize_result,
 )
@@ -113,6 +115,7 @@ class ColocateExperiment:
             "throughput_ci95_pct": j.get("throughput_ci95_pct") if not out.error else None,
             "step_time_p50_s": j.get("step_time_p50_s"),
             "step_time_p99_s": j.get("step_time_p99_s"),
+            "slo_attainment": slo_attainment(j.get("step_times_s"), job.slo_ms),
             "peak_mem_bytes": j.get("peak_mem_bytes"),
             "energy_per_sample_j": energy_per_sample(out.window.get("energy_j"), samples),
             "sm_activity_pct": out.window.get("sm_activity_pct"),
@@ -156,6 +159,9 @@ class ColocateExperiment:
                 else a.get("peak_mem_bytes"),
                 "steps": t.get("steps"),
                 "error": t.get("error"),
+                **slo_fields(job.slo_ms, a.get("slo_attainment"),
+                             slo_attainment(t.get("step_times_s"), job.slo_ms)
+                             if out and not out.error else None),
                 **((job_extra or {}).get(job.name, {})),
             })  # fmt: skip
         if out is not None and out.error:

@@ -91,3 +91,20 @@ def quadrature(*pcts: float | None) -> float | None:
     if any(p is None for p in pcts):
         return None
     return math.sqrt(sum(p * p for p in pcts))
+
+
+def slo_attainment(latencies_s: list[float] | None, slo_ms: float | None) -> float | None:
+    """The share of requests answered within ``slo_ms`` (latency from the scheduled arrival);
+    None without an SLO or without requests."""
+    if slo_ms is None or not latencies_s:
+        return None
+    return sum(1 for t in latencies_s if 1000.0 * t <= slo_ms) / len(latencies_s)
+
+
+def slo_fields(slo_ms: float | None, alone: float | None, together: float | None) -> dict:
+    """A job's SLO columns: attainment alone and together, and the points lost together."""
+    if slo_ms is None:
+        return {}
+    lost = 100.0 * (alone - together) if alone is not None and together is not None else None
+    return {"slo_ms": slo_ms, "slo_attainment_alone": alone, "slo_attainment": together,
+            "slo_attainment_lost_pp": lost}  # fmt: skip

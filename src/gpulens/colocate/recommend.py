@@ -59,6 +59,12 @@ def recommend(doc: dict[str, Any], max_slowdown: float | None = None) -> str:
                 f"; {j['name']} p99 latency {1000 * j['step_time_p99_alone_s']:.1f} ms alone, "
                 f"{1000 * j['step_time_p99_s']:.1f} ms together"
             )
+    for j in infer:
+        if j.get("slo_attainment") is not None and j.get("slo_attainment_alone") is not None:
+            text += (
+                f"; {j['name']} within {j['slo_ms']:g} ms: {100 * j['slo_attainment_alone']:.1f}%"
+                f" alone, {100 * j['slo_attainment']:.1f}% together"
+            )
     return text
 
 

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
+
+# Tables without side borders and with collapsed padding: they must read in 80 columns.
+COMPACT = {"box": box.SIMPLE_HEAD, "pad_edge": False, "collapse_padding": True, "show_edge": False}
 
 
 def _num(value: Any, fmt: str = "{:,.1f}") -> str:
@@ -24,50 +28,95 @@ def render_colocate(console: Console, doc: dict[str, Any]) -> None:
     console.print(
         f"[bold]collocation on {escape(str(where))}[/bold] · {doc.get('duration_s')} s per run"
     )
-    alone = Table(title="alone", title_justify="left")
-    for col in ("job", "what", "samples/s", "step p50 ms", "step p99 ms", "peak mem GiB",
-                "J/sample"):  # fmt: skip
-        alone.add_column(col, justify="left" if col in ("job", "what") else "right")
+    alone_rows = []
     for j in doc["jobs"]:
         mem = j.get("peak_mem_bytes")
-        alone.add_row(
-            Text(str(j["name"])), Text(str(j["key"])), _num(j.get("throughput_alone")),
-            _ms(j.get("step_time_p50_alone_s")), _ms(j.get("step_time_p99_alone_s")),
-            _num(mem / 2**30 if mem else None, "{:.2f}"),
-            _num(j.get("energy_per_sample_alone_j"), "{:.3f}"),
-        )  # fmt: skip
-    console.print(alone)
-    table = Table(title="together", title_justify="left")
-    for col in ("mechanism", "setting", "job", "samples/s", "slowdown", "step p50 ms",
-                "step p99 ms", "aggregate", "Jain", "J/sample", "SM act %"):  # fmt: skip
-        table.add_column(col, justify="left" if col in ("mechanism", "setting", "job") else "right")
+        alone_rows.append({
+            "job": Text(str(j["name"])), "what": Text(str(j["key"])),
+            "samples/s": _num(j.get("throughput_alone")),
+            "p50 ms": _ms(j.get("step_time_p50_alone_s")),
+            "p99 ms": _ms(j.get("step_time_p99_alone_s")),
+            "mem GiB": _num(mem / 2**30 if mem else None, "{:.2f}"),
+            "J/sample": _num(j.get("energy_per_sample_alone_j"), "{:.3f}"),
+        })  # fmt: skip
+    console.print(_table("alone (p50/p99: step time, or latency of inference)", alone_rows,
+                         left=("job", "what")))  # fmt: skip
+    rows, not_measured = [], []
     for r in doc["results"]:
-        if r["status"] != "ok":
-            table.add_row(
-                Text(str(r["mechanism"])),
-                Text(str(r["setting"])),
-                Text(str(r["error"]), style="yellow"),
-            )
+        if r["status"] != "ok":  # one line each below the table: an error fits no column
+            not_measured.append(r)
             continue
         for i, j in enumerate(r["jobs"]):
             first = i == 0
-            table.add_row(
-                Text(str(r["mechanism"])) if first else "",
-                Text(str(r["setting"])) if first else "", Text(str(j["name"])),
-                _num(j.get("throughput_together")), _num(j.get("slowdown"), "{:.2f}x"),
-                _ms(j.get("step_time_p50_s")), _ms(j.get("step_time_p99_s")),
-                _num(r.get("normalized_aggregate_throughput"), "{:.2f}x") if first else "",
-                _num(r.get("jain_fairness"), "{:.2f}") if first else "",
-                _num(r.get("energy_per_sample_j"), "{:.3f}") if first else "",
-                _num(r.get("sm_activity_pct"), "{:.0f}") if first else "",
-            )  # fmt: skip
-        table.add_section()
-    console.print(table)
+            rows.append({
+                "mechanism": Text(str(r["mechanism"])) if first else "",
+                "setting": Text(str(r["setting"])) if first else "",
+                "job": Text(str(j["name"])),
+                "samples/s": _num(j.get("throughput_together")),
+                "slowdown": _num(j.get("slowdown"), "{:.2f}x"),
+                "p50 ms": _ms(j.get("step_time_p50_s")), "p99 ms": _ms(j.get("step_time_p99_s")),
+                "aggregate": _num(r.get("normalized_aggregate_throughput"), "{:.2f}x")
+                if first else "",
+                "Jain": _num(r.get("jain_fairness"), "{:.2f}") if first else "",
+                "J/sample": _num(r.get("energy_per_sample_j"), "{:.3f}") if first else "",
+                "SM %": _num(r.get("sm_activity_pct"), "{:.0f}") if first else "",
+                "_end": i == len(r["jobs"]) - 1,
+            })  # fmt: skip
+    if rows:
+        console.print(_table("together", rows, left=("mechanism", "setting", "job")))
+    for r in not_measured:
+        error = str(r.get("error") or "not measured")
+        status = "" if error.startswith(str(r["status"])) else f"{r['status']}: "
+        console.print(Text.assemble((f"{r['mechanism']} {r['setting']}: ", "yellow"),
+                                    status + error))  # fmt: skip
+    _render_slo(console, doc)
     for w in doc.get("warnings") or []:
         console.print(Text.assemble(("warning: ", "yellow"), str(w)))
     console.print(Text.assemble(("recommendation: ", "bold"), str(doc["recommendation"])))
     if doc.get("run_id"):
         console.print(Text(f"stored as run {doc['run_id']}", style="dim"))
+
+
+def _render_slo(console: Console, doc: dict[str, Any]) -> None:
+    """Inference tenants with an SLO: attainment alone and together, and what training kept."""
+    rows = [(r, j) for r in doc["results"] if r["status"] == "ok" for j in r["jobs"]
+            if j.get("slo_ms") is not None]  # fmt: skip
+    if not rows:
+        return
+    table = Table(title="SLO attainment (inference) and throughput kept (training)",
+                  title_justify="left", **COMPACT)  # fmt: skip
+    for col in ("mechanism", "setting", "tenant", "SLO ms", "alone", "together", "lost pp",
+                "training kept"):  # fmt: skip
+        table.add_column(col, justify="left" if col in ("mechanism", "setting", "tenant")
+                         else "right")  # fmt: skip
+    for r, j in rows:
+        kept = [t for t in r["jobs"] if t.get("kind") == "train" and t.get("slowdown")]
+        table.add_row(
+            Text(str(r["mechanism"])), Text(str(r["setting"])), Text(str(j["name"])),
+            f"{j['slo_ms']:g}", _num(_pct(j.get("slo_attainment_alone")), "{:.1f}%"),
+            _num(_pct(j.get("slo_attainment")), "{:.1f}%"),
+            _num(j.get("slo_attainment_lost_pp"), "{:+.1f}"),
+            ", ".join(f"{t['name']} {100 / t['slowdown']:.0f}%" for t in kept) or "-",
+        )  # fmt: skip
+    console.print(table)
+
+
+def _table(title: str, rows: list[dict[str, Any]], left: tuple[str, ...]) -> Table:
+    """A compact table of ``rows`` (header -> cell); a column that is n/a in every row (energy
+    on a CPU, say) is left out, so the rest fit an 80-column terminal. ``_end`` closes a
+    section."""
+    headers = [h for h in rows[0] if h != "_end"]
+    shown = [h for h in headers if any(str(r[h]) not in ("[dim]n/a[/dim]", "") for r in rows)]
+    table = Table(title=title, title_justify="left", **COMPACT)
+    for h in shown:
+        table.add_column(h, justify="left" if h in left else "right")
+    for r in rows:
+        table.add_row(*(r[h] for h in shown), end_section=bool(r.get("_end")))
+    return table
+
+
+def _pct(share: float | None) -> float | None:
+    return None if share is None else 100 * share
 
 
 def render_plan(console: Console, doc: dict[str, Any]) -> None:

@@ -6,7 +6,9 @@ Job syntax (parsed by :func:`parse_job`):
 - ``resnet18`` or ``resnet18:batch=64,precision=bf16`` or ``train:resnet18:batch=64``: training
 - ``infer:resnet50:batch=1,rate=200``: inference, ``rate`` requests/s at constant arrivals
   (latency counts from the scheduled arrival), closed loop without ``rate``;
-  ``rate=200,arrivals=poisson`` draws the arrivals from a Poisson process of that mean rate
+  ``rate=200,arrivals=poisson`` draws the arrivals from a Poisson process of that mean rate;
+  ``slo_ms=50`` adds the share of requests answered within 50 ms (SLO attainment) alone and
+  together, so a set of inference tenants beside a training job shows the attainment lost
 - ``cmd:python train.py --epochs 1``: any command; its throughput is runs per second (1/wall)
 - every built-in job takes ``name=...``; a name must be unique within one experiment
 """
@@ -40,6 +42,8 @@ class JobSpec:
     name: str = ""
     # How requests arrive at ``rate_per_s``: evenly spaced (constant) or a Poisson process.
     arrivals: str = "constant"
+    # A latency target for an infer: job (ms from the scheduled arrival); None: no SLO.
+    slo_ms: float | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -60,6 +64,8 @@ class JobSpec:
             )
         if self.rate_per_s is not None and (self.kind != "infer" or self.rate_per_s <= 0):
             raise UsageError("rate= is for infer: jobs and must be positive requests per second")
+        if self.slo_ms is not None and (self.kind != "infer" or not self.slo_ms > 0):
+            raise UsageError("slo_ms= is for infer: jobs and must be a positive latency in ms")
         if self.arrivals not in ARRIVALS:
             raise UsageError(
                 f"job {self.workload}: unknown arrivals {self.arrivals!r}; use constant or poisson"
@@ -107,11 +113,11 @@ class JobSpec:
             kind=d["kind"], workload=d.get("workload"), batch_size=d.get("batch_size"),
             precision=d.get("precision", "fp32"), rate_per_s=d.get("rate_per_s"),
             command=tuple(d.get("command") or ()), name=d.get("name") or "",
-            arrivals=d.get("arrivals") or "constant",
+            arrivals=d.get("arrivals") or "constant", slo_ms=d.get("slo_ms"),
         )  # fmt: skip
 
 
-_OPTION_NAMES = {"batch", "precision", "rate", "arrivals", "name"}
+_OPTION_NAMES = {"batch", "precision", "rate", "arrivals", "name", "slo_ms"}
 
 
 def parse_job(text: str) -> JobSpec:
@@ -145,11 +151,15 @@ def parse_job(text: str) -> JobSpec:
     try:
         batch = int(opts["batch"]) if "batch" in opts else None
         rate = float(opts["rate"]) if "rate" in opts else None
+        slo_ms = float(opts["slo_ms"]) if "slo_ms" in opts else None
     except ValueError:
-        raise UsageError(f"job {text!r}: batch must be an integer and rate a number") from None
+        raise UsageError(
+            f"job {text!r}: batch must be an integer, rate and slo_ms numbers"
+        ) from None
     return JobSpec(
         kind, parts[0], batch_size=batch, precision=opts.get("precision", "fp32"),
         rate_per_s=rate, name=opts.get("name", ""), arrivals=opts.get("arrivals", "constant"),
+        slo_ms=slo_ms,
     )  # fmt: skip
 
 
