@@ -79,13 +79,20 @@ def test_an_unmodified_script_gets_steps_and_the_same_results(tmp_path, script):
 
 EVAL_LOOPS = {
     # pytorch/examples' imagenet and mnist scripts: the whole loop under no_grad
-    "no_grad_loop": "        with torch.no_grad():\n"
-                    "            for x, y in DataLoader(data, batch_size=64):\n"
-                    "                model(x).sum()\n",
+    "no_grad_loop": "    with torch.no_grad():\n"
+                    "        for x, y in DataLoader(data, batch_size=64):\n"
+                    "            model(x).sum()\n",
     # Hugging Face's evaluation loop: batches fetched with autograd on, forward under no_grad
-    "no_grad_forward": "        for x, y in DataLoader(data, batch_size=64):\n"
-                       "            with torch.no_grad():\n"
-                       "                model(x).sum()\n",
+    "no_grad_forward": "    for x, y in DataLoader(data, batch_size=64):\n"
+                       "        with torch.no_grad():\n"
+                       "            model(x).sum()\n",
+    # Lightning's evaluation loop: a sized loader asked for exactly len() batches, never for
+    # the one more that would end it (its last batch is closed by the next fetch elsewhere)
+    "sized_no_stop": "    with torch.no_grad():\n"
+                     "        val = DataLoader(data, batch_size=64)\n"
+                     "        it = iter(val)\n"
+                     "        for _ in range(len(val)):\n"
+                     "            model(next(it)[0]).sum()\n",
 }  # fmt: skip
 
 
@@ -94,9 +101,12 @@ EVAL_LOOPS = {
 def test_evaluation_batches_are_no_training_steps(tmp_path, eval_loop):
     """An evaluation pass after each epoch (no optimizer step): its batches are not steps."""
     path = tmp_path / "with_eval.py"
-    path.write_text(SCRIPT.replace(
-        "            opt.step()\n", "            opt.step()\n" + EVAL_LOOPS[eval_loop]
-    ))  # fmt: skip
+    # after each epoch's training loop, inside the epoch loop
+    with_eval = SCRIPT.replace(
+        "        opt.step()\n", "        opt.step()\n" + EVAL_LOOPS[eval_loop]
+    )
+    assert with_eval != SCRIPT
+    path.write_text(with_eval)
     doc, err = gpulens_run(tmp_path, path)
     assert doc["measured_steps"] == 64 - 5, err[-1500:]
     steps = read_record(Path(doc["record_dir"])).series("steps")

@@ -34,7 +34,7 @@ INJECT_ENV = "GPULENS_INJECT"  # "1": the launcher asks for injection; "0" or un
 MAX_STEPS_ENV = "GPULENS_MAX_STEPS"
 WARMUP_STEPS = 5  # the injected tracker's warm-up steps, not measured
 _state: dict[str, Any] = {"tracker": None, "failed": None, "installed": False, "steps": 0,
-                          "loader": None}  # fmt: skip
+                          "loader": None, "pending_eval": False}  # fmt: skip
 _trained: weakref.WeakSet = weakref.WeakSet()  # loaders an optimizer step was taken from
 
 
@@ -82,22 +82,33 @@ class _TimedLoaderIter:
         # (`with torch.no_grad(): for x, y in val_loader`, or Hugging Face's evaluation loop.)
         # With gradient accumulation only the micro-batches before the first optimizer step
         # of the run are left out.
+        # The pending batch may also be an evaluation loader's last one, which no later fetch
+        # of that loader closed (Lightning stops a sized loader at its length without asking
+        # for one more): the next fetch, from any loader, closes it as no training step.
         loader = self._gpulens_loader()
-        if _autograd_off() or loader is None or loader not in _trained:
+        if _state.get("pending_eval") or _is_eval(loader):
             self._gpulens_tracker.step(skip=True)
         _state["loader"] = self._gpulens_loader
         try:
-            return next(self._gpulens_batches)
+            batch = next(self._gpulens_batches)
         except StopIteration:
-            if _autograd_off() or loader is None or loader not in _trained:  # its last batch
+            if _is_eval(loader):  # its last batch
                 self._gpulens_tracker.step(skip=True)
             raise
+        _state["pending_eval"] = _is_eval(loader)
+        return batch
 
     def __len__(self) -> int:
         return len(self._gpulens_real)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._gpulens_real, name)
+
+
+def _is_eval(loader: Any) -> bool:
+    """A batch from ``loader`` now is evaluation: autograd is off, or the loader never fed an
+    optimizer step."""
+    return _autograd_off() or loader is None or loader not in _trained
 
 
 def _autograd_off() -> bool:
