@@ -63,7 +63,6 @@ def test_tenant_spec_parses_every_option():
 @pytest.mark.parametrize(
     "spec, fragment",
     [
-        ("resnet50", "give a rate"),
         ("resnet50:rate=abc", "not a number"),
         ("resnet50:rate=-1", "rate must be > 0"),
         ("resnet50:rate=10:slo=5", "cannot read 'slo=5'"),
@@ -86,9 +85,21 @@ def test_load_config_checks():
     with pytest.raises(UsageError, match="needs an SLO"):
         LoadConfig(url="http://x", tenants=t, scenario="server")
     assert LoadConfig(url="http://x/", tenants=t).url == "http://x"
-    assert parse_sweep("a:rates=10,20,40") == ("a", (10.0, 20.0, 40.0))
+    assert parse_sweep("a:rates=10,20,40") == ("a", "rates", (10.0, 20.0, 40.0))
+    assert parse_sweep("a:concurrency=1,4") == ("a", "concurrency", (1.0, 4.0))
     with pytest.raises(UsageError, match="rates="):
         parse_sweep("a:10,20")
+    with pytest.raises(UsageError, match="integers"):
+        parse_sweep("a:concurrency=1.5")
+    # a tenant without a rate is for a closed loop only
+    no_rate = (TenantSpec.parse("a"),)
+    with pytest.raises(UsageError, match="give a rate"):
+        LoadConfig(url="http://x", tenants=no_rate)
+    assert LoadConfig(url="http://x", tenants=no_rate, concurrency=2).concurrency == 2
+    with pytest.raises(UsageError, match="--concurrency must be 1 or more"):
+        LoadConfig(url="http://x", tenants=t, concurrency=0)
+    with pytest.raises(UsageError, match="drop --scenario"):
+        LoadConfig(url="http://x", tenants=t, concurrency=2, scenario="offline")
 
 
 # ------------------------------------------------------------------------------ report math

@@ -131,6 +131,39 @@ def test_openai_streaming_reports_ttft_and_tpot():
     assert doc["server"] is None and "404" in doc["server_reason"]
 
 
+@pytest.mark.parametrize("client", ["raw", "aiohttp"])
+def test_a_closed_loop_keeps_n_requests_outstanding(client):
+    """--concurrency N: N requests in flight per tenant, each sent when one returns, so the
+    rate is N / latency (Little's law) and no rate was intended."""
+    with FakeKServe(delay_s=0.010) as srv:
+        out, doc = measure(srv.url, "small", "large", duration=1.0, concurrency=4, client=client)
+    for t in doc["tenants"]:
+        assert t["intended_rate_rps"] is None and t["errors"]["count"] == 0
+        latency_s = t["latency_ms"]["p50"] / 1000
+        assert t["achieved_rate_rps"] == pytest.approx(4 / latency_s, rel=0.25)
+    assert doc["concurrency"] == 4
+    rec = out.records
+    # never more than 4 of a tenant in flight: each request starts after one has returned
+    for tenant in (0, 1):
+        mine = np.flatnonzero(rec.tenant == tenant)
+        starts, ends = rec.sent_s[mine], rec.done_s[mine]
+        in_flight = [(starts <= t0) & (ends > t0) for t0 in starts + 1e-6]
+        assert max(int(f.sum()) for f in in_flight) <= 4
+
+
+def test_a_concurrency_sweep_from_the_command_line(capsys, gpulens_home):
+    with FakeKServe(delay_s=0.005) as srv:
+        code, out, err = run_cli(
+            capsys, "load", "--url", srv.url, "--tenant", "small", "--sweep",
+            "small:concurrency=1,4", "--duration", "0.6", "--warmup", "0.1", "--json",
+            "--no-store",
+        )  # fmt: skip
+    assert code == 0, err
+    rows = json.loads(out)["sweep"]
+    assert [r["concurrency"] for r in rows] == [1, 4]
+    assert rows[1]["achieved_rate_rps"] > 2 * rows[0]["achieved_rate_rps"]
+
+
 def test_single_stream_and_offline_scenarios():
     with FakeKServe(delay_s=0.005) as srv:
         out, doc = measure(srv.url, "small:rate=10", duration=0.5, warmup=0.1,

@@ -36,6 +36,8 @@ LOAD_HELP = (
     "--tenant bert:rate=20:slo_ms=100 --find-max resnet50\n"
     "  gpulens load --url http://127.0.0.1:8000 --tenant resnet50:rate=10:slo_ms=50 "
     "--sweep resnet50:rates=10,20,40\n"
+    "  gpulens load --url http://127.0.0.1:8000 --tenant resnet50:slo_ms=50 "
+    "--sweep resnet50:concurrency=1,4,16,64\n"
     "  gpulens load --url http://127.0.0.1:8000 --tenant llm:rate=2 --openai llm "
     "--prompt-tokens 256 --max-tokens 128"
 )
@@ -151,9 +153,14 @@ def render(doc: dict) -> None:
             highlight=False,
         )
     for row in doc.get("sweep") or []:
+        if "concurrency" in row:
+            level = f"{row['concurrency']} outstanding"
+            p99 = (row.get("latency_ms") or {}).get("p99")
+        else:
+            level, p99 = f"{row['rate_rps']:g}/s", row["p99_ms"]
         out.print(
-            f"sweep {row['rate_rps']:g}/s: achieved {row['achieved_rate_rps']:.1f}/s, p99 "
-            f"{num(row['p99_ms'], '{:.2f}')} ms, within SLO {num(row['slo_attainment'], '{:.4f}')}",
+            f"sweep {level}: achieved {row['achieved_rate_rps']:.1f}/s, p99 "
+            f"{num(p99, '{:.2f}')} ms, within SLO {num(row['slo_attainment'], '{:.4f}')}",
             highlight=False,
         )
     if doc.get("record_dir"):
@@ -210,9 +217,15 @@ def execute(config, find_max: str | None, sweep: str | None, trial_s: float | No
             low = min(r["rate_rps"] for r in result["trials"])
             doc = trial(find_max)(low)
         return {**doc, "find_max": result}
-    model, rates = parse_sweep(sweep)
+    model, kind, values = parse_sweep(sweep)
     base.tenant(model)
-    rows, doc = load_search.sweep(trial(model), model, rates)
+    if kind == "concurrency":
+        rows, doc = load_search.sweep_concurrency(
+            lambda c: one(replace(base, concurrency=int(c)), f"{int(c)} outstanding"),
+            model, tuple(int(v) for v in values),
+        )  # fmt: skip
+        return {**doc, "sweep": rows}
+    rows, doc = load_search.sweep(trial(model), model, values)
     return {**doc, "sweep": rows}
 
 
@@ -231,7 +244,18 @@ def load(
     find_max: str = typer.Option(
         None, "--find-max", help="TENANT: search its highest rate within its SLO, others held."
     ),
-    sweep: str = typer.Option(None, "--sweep", help="TENANT:rates=10,20,40: one trial per rate."),
+    sweep: str = typer.Option(
+        None,
+        "--sweep",
+        help="TENANT:rates=10,20,40 (one open-loop trial per rate) or "
+        "TENANT:concurrency=1,2,4,8 (one closed-loop trial per level, every tenant).",
+    ),
+    concurrency: int = typer.Option(
+        None,
+        "--concurrency",
+        help="A closed loop: N requests outstanding per tenant, each sent when one returns "
+        "(rates unused) [default: open loop at the tenants' rates].",
+    ),
     trial_s: float = typer.Option(
         None, "--trial-s", help="Measured seconds per --find-max/--sweep trial [--duration]."
     ),
@@ -274,14 +298,18 @@ def load(
 ) -> None:
     if find_max is not None and sweep is not None:
         raise UsageError("give --find-max or --sweep, not both")
+    if sweep is not None and concurrency is None and ":concurrency=" in sweep:
+        from gpulens.serve.load_config import parse_sweep
+
+        concurrency = int(parse_sweep(sweep)[2][0])  # a closed loop from the first trial on
     config = build_config(
         url, tenants, openai, duration_s=duration, warmup_s=warmup, seed=seed, timeout_s=timeout_s,
         scenario=scenario, price_per_hour_usd=price_per_hour, prompt_tokens=prompt_tokens,
         max_tokens=max_tokens, max_connections=max_connections, offline_requests=offline_requests,
-        name=name, client=client,
+        name=name, client=client, concurrency=concurrency,
     )  # fmt: skip
-    if find_max is not None:
-        config.tenant(find_max)
+    if find_max is not None and config.tenant(find_max).rate_rps is None:
+        raise UsageError(f"--find-max {find_max}: give its starting rate, e.g. {find_max}:rate=50")
     if importlib.util.find_spec("aiohttp") is None:
         raise UsageError("aiohttp is not installed: pip install 'gpulens[serve]'")
     from gpulens.probes.monitor import ProbeSpec

@@ -34,7 +34,7 @@ class TenantSpec:
     """One tenant: a model on the server, its arrival rate (requests/s), its latency SLO."""
 
     model: str
-    rate_rps: float
+    rate_rps: float | None  # None: a closed loop (--concurrency) sets the pace
     slo_ms: float | None = None
     arrival: str = "poisson"
     batch: int = 1
@@ -45,7 +45,7 @@ class TenantSpec:
             raise UsageError(
                 f"tenant model {self.model!r}: give a model name, e.g. {TENANT_FORMAT}"
             )
-        if not (self.rate_rps > 0 and math.isfinite(self.rate_rps)):
+        if self.rate_rps is not None and not (self.rate_rps > 0 and math.isfinite(self.rate_rps)):
             raise UsageError(f"tenant {self.model}: rate must be > 0 requests/s, e.g. rate=50")
         if self.slo_ms is not None and not self.slo_ms > 0:
             raise UsageError(
@@ -69,14 +69,12 @@ class TenantSpec:
             if not eq or key not in TENANT_KEYS:
                 raise UsageError(f"--tenant {spec!r}: cannot read {part!r}; write {TENANT_FORMAT}")
             values[key] = value
-        if "rate" not in values:
-            raise UsageError(f"--tenant {spec!r}: give a rate, e.g. {model or 'MODEL'}:rate=50")
         batch = _number(values.get("batch", "1"), "batch", spec)
         if batch != int(batch):
             raise UsageError(f"--tenant {spec!r}: batch must be a whole number")
         return cls(
             model=model,
-            rate_rps=_number(values["rate"], "rate", spec),
+            rate_rps=_number(values["rate"], "rate", spec) if "rate" in values else None,
             slo_ms=_number(values["slo_ms"], "slo_ms", spec) if "slo_ms" in values else None,
             arrival=values.get("arrival", "poisson"),
             batch=int(batch),
@@ -104,6 +102,9 @@ class LoadConfig:
     binary_threshold_bytes: int = 4096
     max_connections: int = 2048
     offline_requests: int | None = None
+    # A closed loop instead of the open one: this many requests outstanding per tenant, each
+    # sent when one returns (the tenants' rates are then not used); None: open loop.
+    concurrency: int | None = None
     name: str | None = None
     client: str = (
         "auto"  # KServe requests: raw (fast, http:// only), aiohttp, or auto (raw on http)
@@ -145,6 +146,19 @@ class LoadConfig:
             raise UsageError("--client raw speaks plain http:// only: use --client aiohttp")
         if self.max_connections < 1:
             raise UsageError("--max-connections must be 1 or more")
+        closed = self.concurrency is not None or self.scenario == "single-stream"
+        offline_n = self.scenario == "offline" and self.offline_requests
+        for t in self.tenants:
+            if t.rate_rps is None and not (closed or offline_n):
+                raise UsageError(
+                    f"--tenant {t.model}: give a rate, e.g. {t.model}:rate=50 (or a closed "
+                    "loop: --concurrency N)"
+                )
+        if self.concurrency is not None:
+            if self.concurrency < 1:
+                raise UsageError("--concurrency must be 1 or more requests outstanding")
+            if self.scenario is not None:
+                raise UsageError("--concurrency is a closed loop of its own: drop --scenario")
 
     def tenant(self, model: str) -> TenantSpec:
         for t in self.tenants:
@@ -166,11 +180,27 @@ class LoadConfig:
         return asdict(self)
 
 
+SWEEP_FORMAT = "TENANT:rates=10,20,40 or TENANT:concurrency=1,2,4,8"
+
+
+def parse_concurrency(values: str) -> tuple[int, ...]:
+    """``1,2,4,8`` -> (1, 2, 4, 8): requests outstanding per trial."""
+    try:
+        levels = tuple(int(v) for v in values.split(",") if v.strip())
+    except ValueError:
+        raise UsageError(
+            "--sweep: concurrency levels must be comma-separated integers, e.g. concurrency=1,2,4"
+        ) from None
+    if not levels or any(c < 1 for c in levels):
+        raise UsageError("--sweep: give one or more concurrency levels >= 1, e.g. concurrency=1,4")
+    return levels
+
+
 def parse_rates(text: str) -> tuple[float, ...]:
     """``TENANT:rates=10,20,40`` (the ``--sweep`` value) without the tenant: ``rates=10,20,40``."""
     key, eq, values = text.partition("=")
     if key.strip() != "rates" or not eq:
-        raise UsageError(f"--sweep: write TENANT:rates=10,20,40 (got {text!r})")
+        raise UsageError(f"--sweep: write {SWEEP_FORMAT} (got {text!r})")
     try:
         rates = tuple(float(v) for v in values.split(",") if v.strip())
     except ValueError:
@@ -182,9 +212,13 @@ def parse_rates(text: str) -> tuple[float, ...]:
     return rates
 
 
-def parse_sweep(text: str) -> tuple[str, tuple[float, ...]]:
-    """``resnet50:rates=10,20,40`` -> (``resnet50``, (10, 20, 40))."""
+def parse_sweep(text: str) -> tuple[str, str, tuple[float, ...]]:
+    """``resnet50:rates=10,20,40`` -> (``resnet50``, ``rates``, (10, 20, 40));
+    ``resnet50:concurrency=1,4`` -> (``resnet50``, ``concurrency``, (1, 4))."""
     model, colon, rest = text.partition(":")
     if not colon or not model:
-        raise UsageError(f"--sweep: write TENANT:rates=10,20,40 (got {text!r})")
-    return model, parse_rates(rest)
+        raise UsageError(f"--sweep: write {SWEEP_FORMAT} (got {text!r})")
+    key, eq, values = rest.partition("=")
+    if key.strip() == "concurrency" and eq:
+        return model, "concurrency", tuple(float(c) for c in parse_concurrency(values))
+    return model, "rates", parse_rates(rest)

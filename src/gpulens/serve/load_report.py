@@ -264,10 +264,12 @@ def build_document(
     price_per_hour_usd: float | None = None,
     scenario: str | None = None,
     server_reason: str | None = None,
+    concurrency: int | None = None,
 ) -> dict:
-    """The ``gpulens load --json`` document (keys: DESIGN.md output contracts)."""
+    """The ``gpulens load --json`` document (keys: DESIGN.md output contracts). With
+    ``concurrency`` (a closed loop) no rate was intended: ``intended_rate_rps`` is None."""
     tenants = [
-        tenant_report(rec, i, t.model, t.rate_rps, t.slo_ms, t.batch)
+        tenant_report(rec, i, t.model, None if concurrency else t.rate_rps, t.slo_ms, t.batch)
         for i, t in enumerate(tenant_specs)
     ]
     late = lateness(rec)
@@ -291,6 +293,8 @@ def build_document(
         doc["server_reason"] = server_reason or "no /metrics on the server"
     if scenario is not None:
         doc["scenario"] = scenario_result(scenario, tenants, rec)
+    if concurrency is not None:
+        doc["concurrency"] = concurrency
     return _finite(doc)
 
 

@@ -124,3 +124,19 @@ def sweep(trial: TrialFn, model: str, rates: tuple[float, ...], min_attainment: 
                    errors=t["errors"]["count"])  # fmt: skip
         rows.append(row)
     return rows, doc
+
+
+def sweep_concurrency(trial: Callable[[int], dict], model: str, levels: tuple[int, ...]):
+    """One closed-loop trial per concurrency level: ([per-level summary of ``model``], the
+    last trial's document). Throughput rises with concurrency until the server saturates;
+    past that only latency grows (Little's law: concurrency = rate x latency)."""
+    rows, doc = [], None
+    for level in levels:
+        doc = trial(level)
+        t = _tenant(doc, model)
+        rows.append({
+            "concurrency": level, "achieved_rate_rps": t["achieved_rate_rps"],
+            "latency_ms": t["latency_ms"], "slo_attainment": t["slo_attainment"],
+            "goodput_rps": t["goodput_rps"], "errors": t["errors"]["count"],
+        })  # fmt: skip
+    return rows, doc

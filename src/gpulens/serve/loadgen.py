@@ -21,11 +21,13 @@ Named scenarios, mapped onto LoadGen's:
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -107,10 +109,15 @@ class LoadOutcome:
             server = load_report.server_split(self.metrics_before, self.metrics_after, models)
         doc = load_report.build_document(
             config.url, config.tenants, self.records, server, config.price_per_hour_usd,
-            config.scenario, self.metrics_reason,
+            config.scenario, self.metrics_reason, config.concurrency,
         )  # fmt: skip
         doc["requests_sent"] = self.requests
         return doc
+
+
+def _resolve(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 # --------------------------------------------------------------------------- the driver
@@ -145,7 +152,7 @@ class _Driver:
         ]
         await self.pool.warm(warm_connections)
 
-    def _send_raw(self, i: int, data: bytes) -> None:
+    def _send_raw(self, i: int, data: bytes, then: Callable[[], Any] | None = None) -> None:
         clock, t0 = time.perf_counter, self.t0
         sent, done_at, status = self.sent, self.done, self.status
 
@@ -156,6 +163,8 @@ class _Driver:
             done_at[i] = clock() - t0
             status[i] = code
             self.in_flight -= 1
+            if then is not None:
+                then()
 
         self.in_flight += 1
         self.pool.send(data, done, on_write)
@@ -225,28 +234,35 @@ class _Driver:
                 self._start(i)
                 i += 1
 
-    async def closed_loop(self, total_s: float, on_start=None) -> None:
-        """single-stream: one tenant, one request at a time until ``total_s``."""
+    async def closed_loop(self, total_s: float, on_start=None, concurrency: int = 1) -> None:
+        """A closed loop until ``total_s``: ``concurrency`` requests outstanding per tenant,
+        each sent when the one before it returned (single-stream: one tenant, one)."""
         clock = time.perf_counter
+        loop = asyncio.get_running_loop()
         self.t0 = clock()
         if on_start is not None:
             on_start()
-        while clock() - self.t0 < total_s:
-            i = len(self.sched)
-            self.tenant.append(0)
-            self.sched.append(clock() - self.t0)
-            for series, value in ((self.sent, math.nan), (self.done, math.nan),
-                                  (self.status, NOT_DONE), (self.ttft, math.nan),
-                                  (self.tpot, math.nan)):  # fmt: skip
-                series.append(value)
-            data = self.encoded[0]
-            if data is None:
-                await self._send(i)
-            else:
-                self._send_raw(i, data)
-                while self.in_flight:
-                    await asyncio.sleep(0)
-            self.started = i + 1
+
+        async def worker(tenant: int) -> None:
+            while clock() - self.t0 < total_s:
+                i = len(self.sched)
+                self.tenant.append(tenant)
+                self.sched.append(clock() - self.t0)  # due when sent: no lateness
+                for series, value in ((self.sent, math.nan), (self.done, math.nan),
+                                      (self.status, NOT_DONE), (self.ttft, math.nan),
+                                      (self.tpot, math.nan)):  # fmt: skip
+                    series.append(value)
+                self.started = len(self.sched)
+                data = self.encoded[tenant]
+                if data is None:
+                    await self._send(i)
+                else:
+                    returned = loop.create_future()
+                    self._send_raw(i, data, functools.partial(_resolve, returned))
+                    await returned
+
+        await asyncio.gather(*(worker(t) for t in range(len(self.prepared))
+                               for _ in range(concurrency)))  # fmt: skip
 
     async def drain(self) -> None:
         """Wait for what is in flight, at most the request timeout (then it counts as one)."""
@@ -355,7 +371,7 @@ async def run_load_async(config: LoadConfig, progress: ProgressFn | None = None)
             n = config.offline_requests or max(1, round(spec.rate_rps * duration))
             times, owners = np.zeros(n), np.zeros(n, dtype=np.int32)
             warmup = 0.0
-        elif scenario == "single-stream":
+        elif scenario == "single-stream" or config.concurrency is not None:
             times = owners = None
         else:
             times, owners = merged_schedule(config.tenants, warmup + duration, config.seed)
@@ -376,7 +392,7 @@ async def run_load_async(config: LoadConfig, progress: ProgressFn | None = None)
 
         try:
             if times is None:
-                await driver.closed_loop(warmup + duration, on_start)
+                await driver.closed_loop(warmup + duration, on_start, config.concurrency or 1)
             else:
                 await driver.open_loop(times, owners, on_start)
             await driver.drain()
