@@ -14,7 +14,9 @@ from load_fakes import FakeKServe, FakeOpenAI  # noqa: E402
 
 import gpulens.cli.load as cli_load  # noqa: E402
 from gpulens.cli import main  # noqa: E402
+from gpulens.errors import UsageError  # noqa: E402
 from gpulens.serve.load_config import LoadConfig, TenantSpec  # noqa: E402
+from gpulens.serve.load_inputs import request_from_file  # noqa: E402
 from gpulens.serve.loadgen import run_load  # noqa: E402
 
 CONTRACT = {"url", "duration_s", "tenants", "loadgen_lateness_ms_p99", "server",
@@ -149,6 +151,28 @@ def test_a_closed_loop_keeps_n_requests_outstanding(client):
         starts, ends = rec.sent_s[mine], rec.done_s[mine]
         in_flight = [(starts <= t0) & (ends > t0) for t0 in starts + 1e-6]
         assert max(int(f.sum()) for f in in_flight) <= 4
+
+
+def test_an_input_file_is_sent_as_it_is(tmp_path, capsys, gpulens_home):
+    """--input MODEL=FILE: for servers whose metadata lists no inputs (KServe's Python
+    ModelServer with a custom model), the request body comes from the user."""
+    body = {"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1.5, 2.5]}]}
+    path = tmp_path / "request.json"
+    path.write_text(json.dumps(body))
+    with FakeKServe(delay_s=0.001) as srv:
+        _, doc = measure(
+            srv.url, "small:rate=50", duration=0.5, input_files=(("small", str(path)),)
+        )
+        sent = srv.bodies
+    assert doc["tenants"][0]["errors"]["count"] == 0
+    assert all(b["doc"] == body for b in sent) and doc["requests_sent"]["small"]["binary"] is False
+    code, _, err = run_cli(capsys, "load", "--url", "http://127.0.0.1:1", "--tenant", "m:rate=5",
+                           "--input", "other=x.json")  # fmt: skip
+    assert code == 2 and "no --tenant for 'other'" in err
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"outputs": []}')
+    with pytest.raises(UsageError, match="write a KServe v2 infer request"):
+        request_from_file("m", str(bad))
 
 
 def test_a_concurrency_sweep_from_the_command_line(capsys, gpulens_home):

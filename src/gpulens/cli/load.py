@@ -172,6 +172,13 @@ def summary_of(doc: dict) -> dict:
     return {**doc, "tenants": {t["model"]: t for t in doc["tenants"]}}
 
 
+def _input_file(text: str) -> tuple[str, str]:
+    model, eq, path = text.partition("=")
+    if not eq or not model or not path:
+        raise UsageError(f"--input {text!r}: write MODEL=request.json")
+    return model, path
+
+
 def effective_of(requested: dict, config, doc: dict) -> dict:
     """What ran: the requested settings with the HTTP client chosen for ``auto`` and the
     request each tenant sent (path, input bytes, binary or JSON tensors)."""
@@ -250,6 +257,13 @@ def load(
         help="TENANT:rates=10,20,40 (one open-loop trial per rate) or "
         "TENANT:concurrency=1,2,4,8 (one closed-loop trial per level, every tenant).",
     ),
+    inputs: list[str] = typer.Option(
+        None,
+        "--input",
+        help="MODEL=request.json: send this KServe v2 infer request body for MODEL instead of "
+        "one built from its metadata (for servers whose metadata does not list inputs); "
+        "repeat per model.",
+    ),
     concurrency: int = typer.Option(
         None,
         "--concurrency",
@@ -307,6 +321,7 @@ def load(
         scenario=scenario, price_per_hour_usd=price_per_hour, prompt_tokens=prompt_tokens,
         max_tokens=max_tokens, max_connections=max_connections, offline_requests=offline_requests,
         name=name, client=client, concurrency=concurrency,
+        input_files=tuple(_input_file(i) for i in inputs or ()),
     )  # fmt: skip
     if find_max is not None and config.tenant(find_max).rate_rps is None:
         raise UsageError(f"--find-max {find_max}: give its starting rate, e.g. {find_max}:rate=50")

@@ -105,6 +105,8 @@ class LoadConfig:
     # A closed loop instead of the open one: this many requests outstanding per tenant, each
     # sent when one returns (the tenants' rates are then not used); None: open loop.
     concurrency: int | None = None
+    # (model, path): a tenant's request body from a file instead of from its metadata
+    input_files: tuple[tuple[str, str], ...] = ()
     name: str | None = None
     client: str = (
         "auto"  # KServe requests: raw (fast, http:// only), aiohttp, or auto (raw on http)
@@ -154,6 +156,9 @@ class LoadConfig:
                     f"--tenant {t.model}: give a rate, e.g. {t.model}:rate=50 (or a closed "
                     "loop: --concurrency N)"
                 )
+        object.__setattr__(self, "input_files", tuple(tuple(f) for f in self.input_files))
+        for model, _path in self.input_files:
+            self.tenant(model)  # a usage error naming the tenants when it is none of them
         if self.concurrency is not None:
             if self.concurrency < 1:
                 raise UsageError("--concurrency must be 1 or more requests outstanding")

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
-from gpulens.errors import RuntimeFailure
+from gpulens.errors import RuntimeFailure, UsageError
 
 # KServe v2 datatype -> numpy dtype (BF16 travels as its raw 16 bits; BYTES has no dtype)
 DTYPES = {
@@ -72,8 +73,9 @@ def kserve_request(
     inputs = metadata.get("inputs")
     if not name or not isinstance(inputs, list) or not inputs:
         raise RuntimeFailure(
-            f"model metadata without name or inputs ({json.dumps(metadata)[:200]}): the server "
-            "does not speak KServe v2 at this URL; check --url"
+            f"model metadata without name or inputs ({json.dumps(metadata)[:200]}): gpulens "
+            "load cannot build a request from it; give one with --input MODEL=request.json (a "
+            "KServe v2 infer request body), or check --url"
         )
     header_inputs, blobs = [], []
     total = 0
@@ -106,6 +108,27 @@ def kserve_request(
         return InferRequest(path, header, {"Content-Type": "application/json"}, total, False)
     headers = {BINARY_HEADER: str(len(header)), "Content-Type": "application/octet-stream"}
     return InferRequest(path, header + b"".join(blobs), headers, total, True)
+
+
+def request_from_file(model: str, path: str) -> InferRequest:
+    """The infer request in ``path`` (a KServe v2 infer request body, JSON), sent as it is:
+    for servers whose metadata does not describe their inputs."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise UsageError(
+            f"--input {model}={path}: cannot read it ({exc.strerror or exc})"
+        ) from None
+    except ValueError as exc:
+        raise UsageError(f"--input {model}={path}: not JSON ({exc})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), list) or not doc["inputs"]:
+        raise UsageError(
+            f'--input {model}={path}: write a KServe v2 infer request, {{"inputs": [{{"name", '
+            '"shape", "datatype", "data"}]}'
+        )
+    body = json.dumps(doc, separators=(",", ":")).encode()
+    return InferRequest(f"/v2/models/{model}/infer", body, {"Content-Type": "application/json"},
+                        len(body), False)  # fmt: skip
 
 
 def decode_binary_request(body: bytes, header_length: int | None) -> dict:

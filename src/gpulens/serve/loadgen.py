@@ -35,7 +35,7 @@ from gpulens.errors import MissingExtraError, RuntimeFailure
 from gpulens.serve import load_report, openai_load
 from gpulens.serve.http_client import RawPool, encode_request
 from gpulens.serve.load_config import LoadConfig, TenantSpec
-from gpulens.serve.load_inputs import kserve_request
+from gpulens.serve.load_inputs import kserve_request, request_from_file
 from gpulens.serve.load_report import (
     ERR_CONNECTION,
     ERR_OTHER,
@@ -333,8 +333,12 @@ async def prepare_requests(config: LoadConfig, session, aiohttp) -> tuple[list, 
             info[spec.model] = {"path": openai_load.PATH, "prompt_tokens": config.prompt_tokens,
                                 "max_tokens": config.max_tokens}  # fmt: skip
             continue
-        meta = await fetch_metadata(session, aiohttp, config.url, spec.model)
-        req = kserve_request(meta, spec.batch, rng, config.binary_threshold_bytes)
+        given = dict(config.input_files).get(spec.model)
+        if given is not None:
+            req = request_from_file(spec.model, given)
+        else:
+            meta = await fetch_metadata(session, aiohttp, config.url, spec.model)
+            req = kserve_request(meta, spec.batch, rng, config.binary_threshold_bytes)
         prepared.append(req)
         info[spec.model] = {"path": req.path, "input_bytes": req.input_bytes,
                             "binary": req.binary}  # fmt: skip
