@@ -91,18 +91,23 @@ def render(doc: dict) -> None:
     # short headers: the table must stay readable in an 80-column terminal
     for col in ("tenant", "want/s", "got/s", "p50", "p90", "p99", "p99.9", "SLO", "in SLO",
                 "good/s", "err"):  # fmt: skip
-        table.add_column(col, justify="left" if col == "tenant" else "right",
-                         no_wrap=col != "tenant")  # fmt: skip
+        table.add_column(col, justify="left" if col == "tenant" else "right", no_wrap=True,
+                         min_width=9 if col == "tenant" else None)  # fmt: skip
 
     def num(v, fmt="{:.1f}"):
         return "-" if v is None else fmt.format(v)
+
+    def ms(v):  # three significant figures, never in exponent form
+        if v is None:
+            return "-"
+        return f"{v:.2f}" if v < 10 else f"{v:.1f}" if v < 100 else f"{v:,.0f}"
 
     for t in doc["tenants"]:
         lat = t["latency_ms"]
         table.add_row(
             t["model"], num(t["intended_rate_rps"]), num(t["achieved_rate_rps"]),
-            num(lat["p50"], "{:.3g}"), num(lat["p90"], "{:.3g}"), num(lat["p99"], "{:.3g}"),
-            num(lat["p999"], "{:.3g}"), num(t["slo_ms"], "{:g}"),
+            ms(lat["p50"]), ms(lat["p90"]), ms(lat["p99"]), ms(lat["p999"]),
+            num(t["slo_ms"], "{:g}"),
             num(t["slo_attainment"] and 100 * t["slo_attainment"], "{:.1f}%"),
             num(t["goodput_rps"]), str(t["errors"]["count"]),
         )  # fmt: skip
