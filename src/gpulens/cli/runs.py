@@ -300,12 +300,15 @@ def compare(
             rows.append(item)
         _emit_json({"run_ids": run_cols, "rows": rows})
         return
-    table = Table(title="compare", title_justify="left")
-    table.add_column("field", style="bold", no_wrap=True)
+    # compact, so that two or three runs read in 80 columns: long field names fold, each
+    # run's column is wide enough for a number or a date
+    table = Table(title="compare", title_justify="left", box=box.SIMPLE_HEAD,
+                  collapse_padding=True, pad_edge=False)  # fmt: skip
+    table.add_column("field", style="bold", overflow="fold", min_width=26, max_width=34)
     names = [r.meta.get("name") for r in records]
     for col, name in zip(run_cols, names, strict=True):
         header = col if not name or name == col or names.count(name) > 1 else f"{name}\n{col}"
-        table.add_column(Text(header), justify="right", overflow="fold")
+        table.add_column(Text(header), justify="right", overflow="fold", min_width=10, max_width=16)
     if REL_DIFF_COLUMN in df.columns:
         table.add_column("vs first", justify="right", no_wrap=True)
     for field, row in df.iterrows():
