@@ -15,7 +15,7 @@ from typing import Any
 import typer
 
 from gpulens import __version__
-from gpulens.cli import colocate, common, doctor, load, report, run, serve, stalls, ui
+from gpulens.cli import colocate, common, doctor, load, report, run, serve, stalls, sweep, ui
 from gpulens.cli.data import data_app
 from gpulens.cli.runs import runs_app
 from gpulens.report import failure, output
@@ -67,6 +67,7 @@ stalls.register(app)
 colocate.register(app)
 serve.register(app)
 load.register(app)
+sweep.register(app)
 run.register_demo(app)
 doctor.register(app)  # doctor, workloads
 app.add_typer(data_app, name="data")

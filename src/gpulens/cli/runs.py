@@ -144,7 +144,16 @@ def list_runs(
     status: str = typer.Option(None, "--status", help="Only runs with this status."),
     kind: str = typer.Option(None, "--kind", help="Only runs of this kind (train, command...)."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
+    from_store: bool = typer.Option(
+        False,
+        "--store",
+        help="List the runs in the MLflow store (MLFLOW_TRACKING_URI: a team's tracking "
+        "server) instead of this machine's records.",
+    ),
 ) -> None:
+    if from_store:
+        _list_store_runs(limit, status, json_out)
+        return
     readable, damaged = scan_records(runs_dir())
     records: list[RunRecord | DamagedRecord] = [*reversed(readable), *reversed(damaged)]
     if status:
@@ -180,6 +189,32 @@ def list_runs(
     common.out.print(table)
     for bad in damaged:
         common.err.print(Text(bad.message(), style="red"), soft_wrap=True)
+
+
+def _list_store_runs(limit: int, status: str | None, json_out: bool) -> None:
+    from gpulens.store.team import store_runs
+
+    uri = default_tracking_uri()
+    rows = store_runs(uri, limit=0 if status else limit)
+    if status:
+        rows = [r for r in rows if r["status"] == status]
+    total = len(rows)
+    rows = rows[:limit] if limit and limit > 0 else rows
+    if json_out:
+        _emit_json({"runs": rows, "total": total, "tracking_uri": uri})
+        return
+    table = Table(
+        title=f"runs in {uri} ({len(rows)} of {total}, newest first)",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
+    for header in ("run_id", "name", "status", "workload", "device", "mlflow_run_id"):
+        table.add_column(header, no_wrap=True)
+    for row in rows:
+        table.add_row(*(_cell(row.get(h)) for h in ("run_id", "name", "status", "workload",
+                                                      "device", "mlflow_run_id")))  # fmt: skip
+    common.out.print(table)
 
 
 # ----------------------------------------------------------------------------- show

@@ -41,6 +41,9 @@ MLFLOW_HTTP_ENV = {
     "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
     "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "30",
+    # MLflow prints "View run ... at: URL" on stdout when a run against a tracking server
+    # ends: that broke `--json` (one JSON document on stdout) with a team store.
+    "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
 }
 _DB_PORTS = {"postgresql": 5432, "postgres": 5432, "mysql": 3306, "mssql": 1433}
 _SYNC_HINT = "`gpulens runs sync` logs it later"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hmac
 import html
 import ipaddress
+import json
 import logging
 import secrets
 from functools import lru_cache
@@ -115,7 +116,28 @@ class Dashboard:
             f"<table><tr>{head}</tr>{''.join(body)}</table>"
             "<button>compare the runs ticked</button></form>"
         )
-        return _page("gpulens runs", f"<h1>gpulens runs ({len(rows)})</h1>{form}{compare}")
+        store = f"<p><a href='{self.link('/store')}'>runs in the MLflow store</a></p>"
+        body = f"<h1>gpulens runs ({len(rows)})</h1>{store}{form}{compare}"
+        return _page("gpulens runs", body)
+
+    def store_page(self, limit: int) -> str:
+        """The runs in the MLflow store (a team's tracking server), newest first."""
+        from gpulens.paths import default_tracking_uri
+        from gpulens.store.team import store_runs
+
+        uri = default_tracking_uri()
+        rows = store_runs(uri, limit=limit)
+        columns = ("run_id", "name", "status", "workload", "device", "mlflow_run_id")
+        head = "".join(f"<th>{c}</th>" for c in columns)
+        body = "".join(
+            "<tr class='run'>"
+            + "".join(f"<td>{html.escape(str(r.get(c) or ''))}</td>" for c in columns)
+            + "</tr>"
+            for r in rows
+        )
+        nav = f"<p><a href='{self.link('/')}'>this machine's runs</a></p>"
+        title = f"runs in the store {html.escape(uri)} ({len(rows)}, newest first)"
+        return _page("gpulens store", f"<h1>{title}</h1>{nav}<table><tr>{head}</tr>{body}</table>")
 
     def report_page(self, run_ids: list[str]) -> str | None:
         """The report of these runs, or None if one is not in the store."""
@@ -176,6 +198,16 @@ def _handler(dashboard: Dashboard) -> type[BaseHTTPRequestHandler]:
             try:
                 if url.path == "/":
                     return self._send(200, dashboard.runs_page(query).encode())
+                if url.path in ("/store", "/api/store-runs"):  # the team's MLflow store
+                    limit = query.get("limit", "100")
+                    if not limit.isdigit():
+                        return self._error(HTTPStatus.BAD_REQUEST, "limit must be a number")
+                    if url.path == "/store":
+                        return self._send(200, dashboard.store_page(int(limit)).encode())
+                    from gpulens.store.team import store_runs
+
+                    doc = {"runs": store_runs(limit=int(limit))}
+                    return self._send(200, json.dumps(doc).encode(), "application/json")
                 if url.path == "/static/plotly.js":
                     return self._send(200, _plotly_js(), "text/javascript; charset=utf-8")
                 if url.path.startswith("/run/") or url.path == "/compare":

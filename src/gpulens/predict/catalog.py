@@ -1,0 +1,123 @@
+"""The bundled, dated GPU catalog (peaks, memory, links), extendable with a user CSV."""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import pandas as pd
+
+from gpulens.errors import UsageError
+
+CATALOG_PATH = Path(__file__).with_name("gpus.csv")
+COLUMNS = (
+    "gpu",
+    "aliases",
+    "fp32_tflops",
+    "tf32_tflops",
+    "bf16_tflops",
+    "fp16_tflops",
+    "fp8_tflops",
+    "mem_gb",
+    "mem_bw_gb_s",
+    "nvlink_gb_s",
+    "pcie_gb_s",
+    "source",
+    "date",
+)
+_TEXT = ("gpu", "aliases", "source", "date")
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """One catalog row; a missing peak (e.g. no BF16 on a T4) is None."""
+
+    gpu: str
+    aliases: str
+    fp32_tflops: float | None
+    tf32_tflops: float | None
+    bf16_tflops: float | None
+    fp16_tflops: float | None
+    fp8_tflops: float | None
+    mem_gb: float | None
+    mem_bw_gb_s: float | None
+    nvlink_gb_s: float | None
+    pcie_gb_s: float | None
+    source: str
+    date: str
+
+
+def _read_rows(path: Path) -> list[dict[str, str]]:
+    try:
+        with path.open(newline="") as handle:
+            reader = csv.DictReader(handle)
+            missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
+            if missing:
+                raise UsageError(
+                    f"GPU catalog {path} lacks columns {', '.join(missing)}; "
+                    f"use the header of {CATALOG_PATH.name}"
+                )
+            return list(reader)
+    except OSError as exc:
+        raise UsageError(
+            f"cannot read GPU catalog {path}: {exc.strerror}; pass an existing CSV to --catalog"
+        ) from exc
+
+
+def _to_float(value: str, path: Path, column: str) -> float | None:
+    if value is None or value.strip() == "":
+        return None
+    try:
+        return float(value)
+    except ValueError as exc:
+        raise UsageError(
+            f"GPU catalog {path}: column {column} has {value!r}, expected a number or empty"
+        ) from exc
+
+
+def _specs(extra: Path | None) -> list[GpuSpec]:
+    by_name: dict[str, GpuSpec] = {}
+    for path in [CATALOG_PATH] + ([Path(extra)] if extra is not None else []):
+        for row in _read_rows(path):
+            if not (row.get("gpu") or "").strip():
+                raise UsageError(f"GPU catalog {path}: a row has no gpu name; fill the gpu column")
+            values = {
+                f.name: (row[f.name] or "").strip()
+                if f.name in _TEXT
+                else _to_float(row[f.name], path, f.name)
+                for f in fields(GpuSpec)
+            }
+            spec = GpuSpec(**values)
+            by_name[spec.gpu.lower()] = spec  # a user row overrides the bundled one
+    return list(by_name.values())
+
+
+def gpu_catalog(extra: Path | None = None) -> pd.DataFrame:
+    """The catalog as a DataFrame (bundled rows, overridden/extended by ``extra``)."""
+    return pd.DataFrame([s.__dict__ for s in _specs(extra)], columns=list(COLUMNS))
+
+
+def _normalise(name: str) -> str:
+    return " ".join(name.lower().replace("-", " ").replace("_", " ").replace("nvidia", " ").split())
+
+
+def find_gpu(name: str, extra: Path | None = None) -> GpuSpec:
+    """The catalog row for a GPU name or NVML name; the longest matching alias wins."""
+    specs = _specs(extra)
+    wanted = _normalise(name)
+    best: tuple[int, GpuSpec] | None = None
+    for spec in specs:
+        if _normalise(spec.gpu) == wanted:
+            return spec
+        for alias in filter(None, (a.strip() for a in spec.aliases.split(";"))):
+            fragment = _normalise(alias)
+            if fragment and fragment in wanted and (best is None or len(fragment) > best[0]):
+                best = (len(fragment), spec)
+    if best is None:
+        known = ", ".join(s.gpu for s in specs)
+        raise UsageError(f"unknown GPU {name!r}; known: {known} (add one with --catalog FILE)")
+    return best[1]
+
+
+CATALOG_DATE = max(s.date for s in _specs(None))

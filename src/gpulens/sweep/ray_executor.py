@@ -1,0 +1,55 @@
+"""The Ray executor: each cell attempt is a Ray task with ``num_gpus`` (and one CPU), on a running
+cluster (``address``) or a local one. Ray is imported here only (optional extra ``sweep``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from gpulens.errors import MissingExtraError
+from gpulens.launch.cli_child import ChildResult, run_gpulens
+from gpulens.sweep.cells import Cell
+
+
+def attempt_cell(args: list[str]) -> ChildResult:
+    """One attempt of a cell on a Ray worker; Ray sets CUDA_VISIBLE_DEVICES for its GPUs."""
+    return run_gpulens(args)
+
+
+class RayExecutor:
+    """Submits cells as Ray tasks; retries are resubmitted from the driver."""
+
+    def __init__(self, address: str | None = None, num_cpus: int | None = None):
+        self.address = address
+        self.num_cpus = num_cpus
+
+    def run(
+        self,
+        cells: list[Cell],
+        on_start: Callable[[Cell], None],
+        on_done: Callable[[Cell, ChildResult], bool],
+    ) -> None:
+        """Run every cell (and its retries); returns when all are finished."""
+        try:
+            import ray
+        except ImportError:
+            raise MissingExtraError("ray", "sweep") from None
+        if not ray.is_initialized():
+            if self.address:
+                ray.init(address=self.address, log_to_driver=False)
+            else:
+                # A local cluster for this sweep only: no dashboard (halves ray.init's time).
+                ray.init(num_cpus=self.num_cpus, log_to_driver=False, include_dashboard=False)
+        remote = ray.remote(attempt_cell)
+        gpus_total = ray.cluster_resources().get("GPU", 0)
+
+        def submit(cell: Cell):
+            on_start(cell)
+            num_gpus = min(cell.gpus, gpus_total) if gpus_total else 0
+            return remote.options(num_gpus=num_gpus, num_cpus=1).remote(cell.argv())
+
+        pending = {submit(c): c for c in cells}
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            cell = pending.pop(ready[0])
+            if on_done(cell, ray.get(ready[0])):
+                pending[submit(cell)] = cell

@@ -1,0 +1,68 @@
+"""The bundled GPU catalog: required GPUs, alias matching, user overrides, bad files."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpulens.errors import UsageError
+from gpulens.predict.catalog import CATALOG_DATE, COLUMNS, find_gpu, gpu_catalog
+
+REQUIRED = [
+    "T4",
+    "V100-SXM2",
+    "A10G",
+    "L4",
+    "A100-40GB",
+    "A100-80GB",
+    "H100-SXM",
+    "H100-PCIe",
+    "H200",
+]
+
+
+def test_required_gpus_have_source_and_date():
+    df = gpu_catalog()
+    assert list(df.columns) == list(COLUMNS)
+    for gpu in REQUIRED:
+        row = df[df.gpu == gpu].iloc[0]
+        assert row.source.startswith("https://") and row.date
+        assert row.mem_bw_gb_s > 0 and row.fp32_tflops > 0
+    assert df.date.max() == CATALOG_DATE
+
+
+@pytest.mark.parametrize(
+    "name,expected",
+    [
+        ("NVIDIA H100 80GB HBM3", "H100-SXM"),
+        ("NVIDIA H100 PCIe", "H100-PCIe"),
+        ("h200", "H200"),
+        ("NVIDIA A100-SXM4-40GB", "A100-40GB"),
+        ("A100", "A100-80GB"),
+        ("NVIDIA L40S", "L40S"),
+    ],
+)
+def test_names_match_longest_alias(name, expected):
+    assert find_gpu(name).gpu == expected
+
+
+def test_user_catalog_adds_and_overrides(tmp_path):
+    extra = tmp_path / "mine.csv"
+    extra.write_text(
+        ",".join(COLUMNS) + "\n"
+        "MI300X,mi300x,163.4,653.7,1307.4,1307.4,2614.9,192,5300,896,64,https://amd.com,2026-11-23\n"
+        "H200,h200,1,1,1,1,1,141,4800,900,64,https://example.com,2026-11-01\n"
+    )
+    assert find_gpu("AMD Instinct MI300X", extra).mem_gb == 192
+    assert find_gpu("H200", extra).bf16_tflops == 1
+    assert find_gpu("H200").bf16_tflops == pytest.approx(989.4)
+
+
+def test_bad_catalog_and_unknown_gpu_give_usage_errors(tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("gpu,mem_gb\nX,1\n")
+    with pytest.raises(UsageError, match="lacks columns"):
+        gpu_catalog(bad)
+    with pytest.raises(UsageError, match="known: .*H100-SXM"):
+        find_gpu("Voodoo3")
+    with pytest.raises(UsageError, match="cannot read"):
+        gpu_catalog(tmp_path / "missing.csv")

@@ -1,0 +1,152 @@
+"""gpulens sweep: spec validation, stable cell hashes, and a real CPU sweep that is killed midway
+and resumed, with one cell that fails (an invalid batch size) retried and recorded as failed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from gpulens.cli import main
+from gpulens.errors import UsageError
+from gpulens.sweep.cells import Cell, config_hash, expand
+from gpulens.sweep.spec import parse_spec
+
+SPEC = """name: cpu-smoke
+command: run
+cells:
+  - {workload: tiny_cnn, batch_size: 2}
+  - {workload: tiny_cnn, batch_size: 3}
+  - {workload: tiny_cnn, batch_size: 4}
+  - {workload: tiny_cnn, batch_size: 0}
+options: {steps: 2, device: cpu}
+"""
+
+
+def test_hash_is_stable_across_key_order_and_changes_with_a_value():
+    a = {"command": "run", "workload": "tiny_cnn", "batch_size": 4, "steps": 2}
+    b = dict(reversed(list(a.items())))
+    assert config_hash(a) == config_hash(b)
+    assert Cell(a).cell_id == Cell(b).cell_id
+    assert config_hash(a) != config_hash({**a, "batch_size": 8})
+
+
+def test_grid_expands_to_the_product_and_argv_is_a_cli_call():
+    spec = parse_spec(
+        {
+            "name": "g",
+            "workload": ["tiny_cnn", "resnet18"],
+            "grid": {"batch_size": [2, 4], "precision": ["bf16"]},
+            "options": {"steps": 3, "synthetic": True},
+        }
+    )
+    cells = expand(spec)
+    assert len(cells) == 4
+    assert len({c.cell_id for c in cells}) == 4
+    argv = cells[0].argv()
+    assert argv[:2] == ["run", "tiny_cnn"]
+    assert "--synthetic" in argv and argv[-1] == "--json"
+    assert argv[argv.index("--batch-size") + 1] == "2"
+
+
+@pytest.mark.parametrize(
+    "doc, words",
+    [
+        ({"name": "x", "workload": "a", "bogus": 1}, "unknown key 'bogus'"),
+        ({"name": "x", "workload": "a", "grid": {"batch_size": []}}, "grid.batch_size is empty"),
+        ({"name": "x", "workload": "a", "grid": {}}, "grid is empty"),
+        ({"name": "x", "command": "train", "workload": "a"}, "unknown command 'train'"),
+        ({"name": "x"}, "give workload"),
+    ],
+)
+def test_bad_specs_give_one_clear_line(doc, words):
+    with pytest.raises(UsageError, match=words):
+        parse_spec(doc)
+
+
+def test_bad_spec_file_exits_2_with_one_line(tmp_path, capsys):
+    path = tmp_path / "bad.yaml"
+    path.write_text("name: x\ncommand: train\nworkload: tiny_cnn\n")
+    assert main(["sweep", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown command 'train'" in err[0]
+
+
+def _states(sweep_dir):
+    out = {}
+    for p in (sweep_dir / "cells").glob("*.json"):
+        doc = json.loads(p.read_text())
+        out[doc["config"]["batch_size"]] = doc
+    return out
+
+
+def test_sweep_killed_midway_then_resumed_redoes_only_unfinished_cells(tmp_path):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC)
+    sweep_dir = tmp_path / "sweep"
+    cmd = [sys.executable, "-m", "gpulens.cli", "sweep", str(spec), "--out", str(sweep_dir)]
+    cmd += ["--retries", "1", "--json"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # SIGKILL once the first cell is done
+        if (
+            any(s["status"] == "done" for s in _states(sweep_dir).values())
+            if (sweep_dir / "cells").exists()
+            else False
+        ):
+            break
+        time.sleep(0.2)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = _states(sweep_dir)
+    done_before = {b: s["run_id"] for b, s in before.items() if s["status"] == "done"}
+    assert 1 <= len(done_before) < 4
+    time.sleep(4)  # let an orphaned child of the killed sweep finish its record
+
+    res = subprocess.run(
+        [*cmd, "--resume"], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert res.returncode == 1, res.stderr  # one cell failed
+    doc = json.loads(res.stdout)
+    assert (doc["done"], doc["failed"], doc["remaining"]) == (3, 1, 0)
+    by_batch = {c["config"]["batch_size"]: c for c in doc["cells"]}
+    for batch, run_id in done_before.items():  # not redone
+        assert by_batch[batch]["run_id"] == run_id and by_batch[batch]["attempts"] == 1
+    failed = by_batch[0]
+    assert failed["status"] == "failed" and failed["attempts"] >= 2
+    assert "batch-size" in failed["error"]
+    listed = subprocess.run(
+        [sys.executable, "-m", "gpulens.cli", "runs", "list", "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    stored = {r["run_id"] for r in json.loads(listed.stdout)["runs"]}
+    for batch in (2, 3, 4):
+        assert by_batch[batch]["status"] == "done"
+        assert by_batch[batch]["run_id"] in stored
+
+
+def test_colocate_cells_take_jobs_and_gpu_counts_are_part_of_a_cell():
+    spec = parse_spec(
+        {
+            "name": "c",
+            "command": "colocate",
+            "grid": {"jobs": [["resnet18:batch=64", "resnet50:batch=64"]]},
+            "options": {"mechanisms": ["streams", "mps"], "duration": 5},
+        }
+    )
+    (cell,) = expand(spec)
+    assert cell.argv() == [
+        "colocate", "resnet18:batch=64", "resnet50:batch=64",
+        "--duration", "5", "--mechanisms", "streams,mps", "--json",
+    ]  # fmt: skip
+    spec = parse_spec({"name": "g", "workload": "resnet18", "grid": {"gpus": [1, 2]}})
+    one, two = expand(spec)
+    assert (one.gpus, two.gpus) == (1, 2) and one.cell_id != two.cell_id
+    assert "--gpus" not in one.argv() and two.argv()[-3:] == ["--gpus", "2", "--json"]
