@@ -26,9 +26,9 @@ class DeviceError(RuntimeFailure):
 
 
 class MissingExtraError(GpulensError):
-    """An optional package is not installed."""
+    """An optional package is not installed: the user's to fix, like a usage error (exit 2)."""
 
-    exit_code = 1
+    exit_code = 2
 
     def __init__(self, package: str, extra: str):
         super().__init__(

@@ -19,6 +19,10 @@ class RayExecutor:
     """Submits cells as Ray tasks; retries are resubmitted from the driver."""
 
     def __init__(self, address: str | None = None, num_cpus: int | None = None):
+        try:  # before any state file is written: one line naming the extra
+            import ray  # noqa: F401
+        except ImportError:
+            raise MissingExtraError("ray", "sweep") from None
         self.address = address
         self.num_cpus = num_cpus
 
@@ -29,10 +33,8 @@ class RayExecutor:
         on_done: Callable[[Cell, ChildResult], bool],
     ) -> None:
         """Run every cell (and its retries); returns when all are finished."""
-        try:
-            import ray
-        except ImportError:
-            raise MissingExtraError("ray", "sweep") from None
+        import ray
+
         if not ray.is_initialized():
             if self.address:
                 ray.init(address=self.address, log_to_driver=False)
