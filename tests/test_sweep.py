@@ -150,3 +150,12 @@ def test_colocate_cells_take_jobs_and_gpu_counts_are_part_of_a_cell():
     one, two = expand(spec)
     assert (one.gpus, two.gpus) == (1, 2) and one.cell_id != two.cell_id
     assert "--gpus" not in one.argv() and two.argv()[-3:] == ["--gpus", "2", "--json"]
+
+
+def test_a_misspelt_option_is_one_line_before_any_cell_runs(tmp_path, capsys):
+    path = tmp_path / "typo.yaml"
+    path.write_text("name: t\nworkload: tiny_cnn\ngrid: {batchsize: [2]}\n")
+    assert main(["sweep", str(path), "--out", str(tmp_path / "s")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no option --batchsize" in err[0], err
+    assert not (tmp_path / "s").exists()  # nothing half-written

@@ -50,6 +50,26 @@ def _table(doc: dict) -> Table:
     return table
 
 
+def _check_options(app: typer.Typer, cells) -> None:
+    """Every cell's options are options of its command: a misspelt key is one line now, not
+    a failure of every cell after its retries."""
+    commands = getattr(typer.main.get_command(app), "commands", {})  # typer's own click group
+    for cell in cells:
+        command = commands.get(str(cell.config["command"]))
+        if command is None:  # not registered in this app (tests of a sub-app): checked by the child
+            continue
+        flags = {o for p in command.params for o in (*p.opts, *p.secondary_opts)}
+        for key in cell.config:
+            if key in ("command", "workload", "jobs", "gpus"):
+                continue
+            flag = "--" + key.replace("_", "-")
+            if flag not in flags:
+                raise UsageError(
+                    f"sweep spec: gpulens {cell.config['command']} has no option {flag} "
+                    f"(key {key!r}); see `gpulens {cell.config['command']} --help`"
+                )
+
+
 def register(app: typer.Typer) -> None:
     @app.command("sweep", help=SWEEP_HELP)
     def sweep(
@@ -65,10 +85,12 @@ def register(app: typer.Typer) -> None:
         out: Path | None = typer.Option(None, "--out", help="Sweep directory."),
         json_out: bool = typer.Option(False, "--json", help=common.JSON_HELP),
     ) -> None:
+        from gpulens.sweep.cells import expand
         from gpulens.sweep.runner import SweepConfig, run_sweep
         from gpulens.sweep.spec import load_spec
 
         config = SweepConfig(load_spec(spec_path), retries=retries, resume=resume, out_dir=out)
+        _check_options(app, expand(config.spec))
         if executor == "local":
             from gpulens.sweep.local import LocalExecutor
 
