@@ -16,7 +16,9 @@ import typer
 
 from gpulens import __version__
 from gpulens.cli import colocate, common, doctor, load, report, run, serve, stalls, sweep, ui
+from gpulens.cli.advise import register as register_advise
 from gpulens.cli.data import data_app
+from gpulens.cli.predict import register as register_predict
 from gpulens.cli.runs import runs_app
 from gpulens.report import failure, output
 from gpulens.run import interrupts
@@ -68,6 +70,8 @@ colocate.register(app)
 serve.register(app)
 load.register(app)
 sweep.register(app)
+register_predict(app)  # predict, fit
+register_advise(app)  # advise, allocate-workers
 run.register_demo(app)
 doctor.register(app)  # doctor, workloads
 app.add_typer(data_app, name="data")

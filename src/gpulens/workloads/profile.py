@@ -2,10 +2,10 @@
 
 The profiler slows the steps it watches, so it never watches measured ones: once the measured
 window has ended, ``N`` more steps run under ``torch.profiler`` (CPU ops, and CUDA kernels on a
-GPU) and its Chrome trace is saved in the record as ``torch_trace.json``. A marker
-(``gpulens:align``, a ``record_function`` entered at a known wall-clock time) lets
-``gpulens export --perfetto`` lay the kernels on the run's own time line, to the microsecond;
-the profiler's own clock can be seconds off the wall clock.
+GPU, with input shapes) and its Chrome trace is saved in the record as
+``torch_trace.json``. A marker (``gpulens:align``, a ``record_function`` entered at a known
+wall-clock time) lets ``gpulens export --perfetto`` lay the kernels on the run's own time line,
+to the microsecond; the profiler's own clock can be seconds off the wall clock.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ def profile_steps(prepared: Prepared, device: torch.device, n_steps: int, run_di
     if device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
     done = 0
-    with profile(activities=activities) as prof:
+    # Input shapes give each kernel its FLOPs and bytes (`gpulens predict`, arithmetic intensity).
+    with profile(activities=activities, record_shapes=True) as prof:
         align_unix_s = time.time()
         with record_function(ALIGN_MARKER):
             pass

@@ -1,0 +1,325 @@
+"""``gpulens advise`` (what to run a job on: time and cost per cloud configuration, on demand
+and on spot) and ``gpulens allocate-workers`` (loader workers for concurrent jobs)."""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from gpulens.cli import common
+from gpulens.errors import UsageError
+
+log = logging.getLogger("gpulens.cli.advise")
+
+# Restart after a revocation: a new server, the image, start-up and reading the checkpoint.
+DEFAULT_RESTART_S = 300.0
+# Checkpoint modelled from the model: weights and Adam's two moments in fp32, written at a cloud
+# SSD volume's speed (the stall model's cloud_ssd_volume profile).
+CHECKPOINT_BYTES_PER_PARAM = 12
+CHECKPOINT_BYTES_PER_S = 250e6
+ASSUMED_CHECKPOINT_S = 60.0
+
+ADVISE_HELP = (
+    "Every cloud configuration of the instance catalog with the job's predicted time and cost, "
+    "the Pareto front (time vs cost), and the one to pick: the cheapest that meets --deadline, "
+    "the fastest within --budget, else the knee of the front. Throughput per configuration comes "
+    "from `gpulens predict` on the run. With --spot, also spot servers: revocations (Poisson), "
+    "checkpoints at the best interval (Young/Daly, checked by simulation) and restarts, as p50 "
+    "and p90 of a Monte Carlo (fixed seed). Deadlines and budgets are met at p90.\n\n"
+    "WORKLOAD|RUN: a built-in workload (its newest finished run in the store) or a run id, "
+    "prefix, name, 'latest' or directory.\n\n"
+    "\b\nExamples:\n"
+    "  gpulens advise resnet50 --epochs 90 --dataset-size 1281167 --deadline 24\n"
+    "  gpulens advise latest --samples 5e7 --budget 500 --spot --json"
+)
+ALLOCATE_HELP = (
+    "Data-loader workers for jobs that run at the same time and share --cpus CPUs: each job's "
+    "throughput curve over its workers, measured from the store's runs of that workload at two "
+    "or more --workers counts (else predicted from its newest run), and the split that maximises "
+    "the aggregate (exact dynamic programme; greedy marginal gain on concave curves), compared "
+    "with an even split.\n\n"
+    "\b\nExample:\n"
+    "  gpulens allocate-workers resnet50 mobilenet_v3_small --cpus 16"
+)
+
+
+def register(app: typer.Typer) -> None:
+    app.command(help=ADVISE_HELP, short_help="Time and cost of a job on each cloud configuration.")(
+        advise
+    )
+    app.command(
+        "allocate-workers",
+        help=ALLOCATE_HELP,
+        short_help="Loader workers per concurrent job from their throughput curves.",
+    )(allocate_workers)
+
+
+# ------------------------------------------------------------------------------ advise
+def _workload(meta: dict[str, Any]) -> str | None:
+    return (meta.get("summary") or {}).get("workload") or (meta.get("effective_config") or {}).get(
+        "workload"
+    )
+
+
+def resolve_run(target: str):
+    """The newest finished GPU run of a workload, or the run ``target`` names."""
+    from gpulens.paths import runs_dir
+    from gpulens.record.reader import list_records
+    from gpulens.store.queries import find_run
+
+    runs = [r for r in list_records(runs_dir()) if _workload(r.meta) == target]
+    if runs:
+        done = [
+            r for r in runs if r.status == "finished" and r.meta["summary"].get("measured_steps")
+        ]
+        on_gpu = [r for r in done if (r.meta["summary"].get("gpu") or {}).get("name")]
+        if on_gpu:
+            return on_gpu[-1]
+        raise UsageError(
+            f"no finished run of {target} on a GPU in the store: run `gpulens run {target}` "
+            "on a GPU first"
+        )
+    try:
+        return find_run(target)
+    except UsageError:
+        from gpulens.workloads.models import list_workloads
+
+        if target in {w.name for w in list_workloads()}:
+            raise UsageError(
+                f"no finished run of {target} in the store: run `gpulens run {target}` first"
+            ) from None
+        raise
+
+
+def throughput_table(record, instances, max_nodes: int, gpu_catalog: Path | None):
+    """One row per (instance, nodes) with the predicted throughput; configurations the
+    predictor cannot do are returned apart with its reason."""
+    import pandas as pd
+
+    from gpulens.predict.predictor import Target, predict_run
+
+    cache: dict[Target, Any] = {}
+    rows, skipped = [], []
+    for inst in instances:
+        counts = [1] + [n for n in (2, 4, 8, 16, 32, 64) if n <= max_nodes]
+        for nodes in counts if inst.network_gbps else [1]:
+            net = inst.network_gbps if nodes > 1 else None
+            target = Target(inst.gpu, inst.gpus, nodes, net)
+            if target not in cache:
+                try:
+                    cache[target] = predict_run(record, target, gpu_catalog)
+                except UsageError as exc:
+                    cache[target] = exc
+            found = cache[target]
+            if isinstance(found, UsageError):
+                # The predictor's GPU catalog is advise's --gpu-catalog.
+                reason = str(found).replace("--catalog FILE", "--gpu-catalog FILE")
+                skipped.append({"instance": inst.instance, "nodes": nodes, "reason": reason})
+                continue
+            rows.append({**inst.__dict__, "nodes": nodes,
+                         "throughput_samples_per_s": found.throughput_samples_per_s,
+                         "loader_bound": found.loader_bound,
+                         "validated_error_pct": found.validated_error_pct})  # fmt: skip
+    if not rows:
+        raise UsageError(skipped[0]["reason"] if skipped else "the instance catalog is empty")
+    return pd.DataFrame(rows), skipped
+
+
+def checkpoint_seconds(record, given: float | None) -> tuple[float, str]:
+    """The checkpoint's cost and where it comes from: given, measured, or modelled."""
+    if given is not None:
+        return given, "given (--checkpoint-s)"
+    measured = (record.meta.get("summary") or {}).get("checkpoint_s")
+    if isinstance(measured, (int, float)) and measured >= 0:
+        return float(measured), "measured in the run"
+    from gpulens.predict.features import model_size
+
+    params, _ = model_size(_workload(record.meta))
+    if not params:
+        return ASSUMED_CHECKPOINT_S, (
+            f"assumed {ASSUMED_CHECKPOINT_S:g} s (model size unknown; give --checkpoint-s)"
+        )
+    seconds = params * CHECKPOINT_BYTES_PER_PARAM / CHECKPOINT_BYTES_PER_S
+    return seconds, (
+        f"modelled: {params / 1e6:.1f}M parameters x {CHECKPOINT_BYTES_PER_PARAM} bytes "
+        f"(weights + Adam state) at {CHECKPOINT_BYTES_PER_S / 1e6:g} MB/s"
+    )
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if hasattr(value, "item"):  # numpy scalars
+        return _clean(value.item())
+    return value
+
+
+def _option_docs(options) -> list[dict[str, Any]]:
+    docs = []
+    for _, row in options.iterrows():
+        docs.append({k: _clean(v) for k, v in row.items()})
+    return docs
+
+
+def advise(
+    target: str = typer.Argument(..., help="A workload (its newest run) or a run."),
+    samples: float = typer.Option(None, "--samples", help="Samples the job processes in all."),
+    epochs: float = typer.Option(None, "--epochs", help="Epochs (with --dataset-size)."),
+    dataset_size: int = typer.Option(None, "--dataset-size", help="Samples per epoch."),
+    deadline: float = typer.Option(None, "--deadline", help="Hours the job may take (p90)."),
+    budget: float = typer.Option(None, "--budget", help="US dollars the job may cost (p90)."),
+    spot: bool = typer.Option(False, "--spot", help="Also spot servers where priced."),
+    revocations_per_h: float = typer.Option(
+        None, "--revocations-per-h", help="Spot revocations per hour per node [catalog, or 0.05]."
+    ),
+    checkpoint_s: float = typer.Option(
+        None, "--checkpoint-s", help="Seconds per checkpoint [measured, or from the model size]."
+    ),
+    restart_s: float = typer.Option(
+        DEFAULT_RESTART_S, "--restart-s", help="Seconds to resume after a revocation."
+    ),
+    max_nodes: int = typer.Option(1, "--max-nodes", help="Also 2, 4, ... nodes up to this."),
+    catalog: Path = typer.Option(
+        None, "--catalog", help="A CSV of instances to add or override (the bundled header)."
+    ),
+    gpu_catalog: Path = typer.Option(None, "--gpu-catalog", help="A CSV of GPUs to add."),
+    json_out: bool = typer.Option(False, "--json", help=common.JSON_HELP),
+) -> None:
+    from gpulens.predict import instances as cat
+    from gpulens.predict.advise import AdviseConfig
+    from gpulens.predict.advise import advise as advise_job
+    from gpulens.predict.spot import SpotParams
+
+    config = AdviseConfig(samples, epochs, dataset_size, deadline, budget, max_nodes)
+    SpotParams(checkpoint_s or 0.0, restart_s, revocations_per_h)  # checks them before reading
+    instances = cat.load_instances(catalog, gpu_catalog)
+    record = resolve_run(target)
+    table, skipped = throughput_table(record, instances, config.max_nodes, gpu_catalog)
+    spot_params, ckpt_source = None, None
+    if spot:
+        ckpt, ckpt_source = checkpoint_seconds(record, checkpoint_s)
+        spot_params = SpotParams(ckpt, restart_s, revocations_per_h)
+    result = advise_job(table, config.total_samples, deadline, budget, spot_params)
+    day = cat.catalog_date(instances)
+    warnings = [w for w in [cat.stale_warning(day)] if w]
+    if table["loader_bound"].any():
+        warnings.append(
+            f"run {record.run_id} waited for its data loader: a faster GPU finishes no sooner "
+            "at that loader pace (`gpulens stalls` shows where it waits)"
+        )
+    if spot and not table["spot_usd_per_h"].notna().any():
+        warnings.append("no instance in the catalog has a spot price: add them with --catalog")
+    options = _option_docs(result.options)
+    chosen = options[result.recommended] if result.recommended is not None else None
+    if json_out:
+        common.emit_json({
+            "catalog_date": day, "options": options, "recommended": chosen,
+            "reason": result.reason, "source_run": record.run_id,
+            "workload": _workload(record.meta),
+            "samples": config.total_samples, "warnings": warnings, "skipped": skipped,
+            "spot": None if spot_params is None else {
+                "checkpoint_s": spot_params.checkpoint_s, "checkpoint_source": ckpt_source,
+                "restart_s": spot_params.restart_s,
+                "revocations_per_h": revocations_per_h if revocations_per_h is not None
+                else f"catalog, else {cat.DEFAULT_REVOCATIONS_PER_H}",
+                "monte_carlo_samples": spot_params.samples, "seed": spot_params.seed},
+        })  # fmt: skip
+        return
+    for w in warnings:
+        common.warn("warning: ", w)
+    _render(options, chosen, result.reason, record.run_id, config.total_samples, day)
+    if spot_params is not None:
+        line = f"spot: checkpoint {spot_params.checkpoint_s:.1f} s ({ckpt_source}), restart "
+        common.out.print(Text(line + f"{restart_s:g} s"), highlight=False)
+    by_reason: dict[str, list[str]] = {}
+    for s in skipped:
+        by_reason.setdefault(s["reason"], []).append(s["instance"])
+    for reason, names in by_reason.items():
+        common.out.print(Text(f"not predicted: {', '.join(names)}: {reason}"), highlight=False)
+
+
+def _render(options, chosen, reason: str, run_id: str, samples: float, day: str) -> None:
+    out = common.out
+    table = Table(title=f"{samples:,.0f} samples, predicted from {run_id} (prices of {day})")
+    for col in ("instance", "GPUs", "pricing", "hours (p90)", "USD (p90)", ""):
+        table.add_column(col, justify="right" if col[:1] in ("h", "U") else "left")
+    for opt in options:
+        gpus = f"{opt['gpus']}x {opt['gpu']}" + (f" x{opt['nodes']}" if opt["nodes"] > 1 else "")
+        mark = ("*" if opt["pareto"] else "") + (" <- pick" if opt is chosen else "")
+        table.add_row(f"{opt['provider']} {opt['instance']}", gpus, opt["pricing"],
+                      f"{opt['time_h']:.2f} ({opt['time_h_p90']:.2f})",
+                      f"{opt['cost_usd']:.2f} ({opt['cost_usd_p90']:.2f})", mark)  # fmt: skip
+    out.print(table)
+    out.print(Text("* on the Pareto front (no option both faster and cheaper)"), highlight=False)
+    if chosen is not None:
+        out.print(Text(f"pick: {chosen['instance']} x{chosen['nodes']} ({chosen['pricing']}), "
+                       f"{chosen['time_h']:.2f} h, ${chosen['cost_usd']:.2f}: {reason}"),
+                  highlight=False)  # fmt: skip
+        if chosen["checkpoint_interval_h"]:
+            every = chosen["checkpoint_interval_h"] * 60
+            out.print(Text(f"  checkpoint every {every:.0f} min of training (Young/Daly, checked "
+                           "by simulation); p90 includes revocations and restarts"),
+                      highlight=False)  # fmt: skip
+
+
+# ----------------------------------------------------------------------- allocate-workers
+def _job_workload(job: str, find_run) -> str:
+    """The workload of a run id; a name that is no run is taken as a workload."""
+    try:
+        return _workload(find_run(job).meta) or job
+    except UsageError:
+        return job
+
+
+def allocate_workers(
+    jobs: list[str] = typer.Argument(..., help="Workloads (or runs) that run concurrently."),
+    cpus: int = typer.Option(..., "--cpus", help="CPUs for all their loader workers together."),
+    objective: str = typer.Option(
+        "normalized", "--objective", help="normalized (each job's share of its best) or samples."
+    ),
+    json_out: bool = typer.Option(False, "--json", help=common.JSON_HELP),
+) -> None:
+    from gpulens.paths import runs_dir
+    from gpulens.predict.workers import allocate, allocation_frame, curve_for_job
+    from gpulens.record.reader import list_records
+    from gpulens.store.queries import find_run
+
+    if cpus < len(jobs):
+        raise UsageError(f"--cpus must be at least the number of jobs ({len(jobs)}), got {cpus}")
+    metas = [r.meta for r in list_records(runs_dir())]
+    known = {_workload(m) for m in metas}
+    names = [j if j in known else _job_workload(j, find_run) for j in jobs]
+    curves = [curve_for_job(name, metas, cpus) for name in names]
+    alloc = allocate(curves, cpus, objective)
+    frame = allocation_frame(alloc, curves)
+    if json_out:
+        rows = [{k: _clean(v) for k, v in r.items()} for r in frame.to_dict("records")]
+        for row, curve in zip(rows, curves, strict=True):
+            row["curve_note"] = curve.note
+        common.emit_json({
+            "cpus": cpus, "objective": objective, "jobs": rows,
+            "aggregate": {"value": alloc.value, "even_value": alloc.even_value,
+                          "gain_pct": alloc.gain_pct,
+                          "samples_per_s": sum(alloc.samples_per_s),
+                          "even_samples_per_s": sum(alloc.even_samples_per_s)},
+        })  # fmt: skip
+        return
+    table = Table(title=f"loader workers for {len(jobs)} jobs on {cpus} CPUs ({objective})")
+    for col in ("job", "curve", "workers", "samples/s", "even split", "samples/s"):
+        table.add_column(col)
+    for r in frame.to_dict("records"):
+        table.add_row(r["job"], r["curve"], str(r["workers"]), f"{r['samples_per_s']:,.1f}",
+                      str(r["even_workers"]), f"{r['even_samples_per_s']:,.1f}")  # fmt: skip
+    common.out.print(table)
+    line = f"aggregate ({objective}): {alloc.value:.3f} vs {alloc.even_value:.3f} for an even "
+    common.out.print(Text(line + f"split ({alloc.gain_pct:+.1f}%)"), highlight=False)
+    for curve in curves:
+        common.out.print(
+            Text(f"  {curve.job}: {curve.source} curve, {curve.note}"), highlight=False
+        )

@@ -1,0 +1,113 @@
+"""``gpulens predict RUN --gpu G`` (a measured run on another GPU, count or network) and
+``gpulens fit`` (the regression over the store's runs)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from gpulens.cli import common
+
+PREDICT_HELP = (
+    "Predict the step time and throughput of a measured training run on another GPU, another "
+    "number of GPUs, or several nodes. The GPU's time is scaled by what bounds it (peak FLOP/s "
+    "or memory bandwidth): per kernel when the run has a profiler window (`gpulens run "
+    "--torch-profiler N`), else for the whole step from its FLOPs and DRAM bytes. The gradient "
+    "all-reduce comes from a ring model (calibrated on 1- and 2-GPU runs of the same workload in "
+    "the store), the data pipeline keeps its measured pace. The output names the method and its "
+    "error where it was validated.\n\n"
+    "A RUN is a run id (or unique prefix, name, or 'latest') or a run directory.\n\n"
+    "\b\nExamples:\n"
+    "  gpulens predict latest --gpu H200\n"
+    "  gpulens predict 20261124-0812-ab12 --gpu A100 --gpus 8\n"
+    "  gpulens predict latest --gpu H100 --gpus 8 --nodes 4 --network-gbps 400 --json"
+)
+FIT_HELP = (
+    "Fit a regression of step time (CM-DARE style: model FLOPs, parameters, layers, batch size, "
+    "GPU peak FLOP/s and bandwidth, GPUs, precision) on the store's finished training runs. The "
+    "error is measured on held-out runs only (leave one workload out, or k-fold). The model is "
+    "saved under the gpulens home; `gpulens predict` uses it where its held-out error is lower "
+    "than the roofline's."
+)
+
+
+def register(app: typer.Typer) -> None:
+    app.command(
+        help=PREDICT_HELP, short_help="A measured run on another GPU, GPU count or network."
+    )(predict)
+    app.command(help=FIT_HELP, short_help="Fit a step-time regression on the store's runs.")(fit)
+
+
+def predict(
+    run: str = typer.Argument(..., help="The measured run (id, prefix, name, 'latest', or dir)."),
+    gpu: str = typer.Option(..., "--gpu", help="Target GPU (a catalog name, e.g. H100, A100)."),
+    gpus: int = typer.Option(1, "--gpus", help="GPUs per node (same per-GPU batch)."),
+    nodes: int = typer.Option(1, "--nodes", help="Nodes (hosts)."),
+    network_gbps: float = typer.Option(
+        None, "--network-gbps", help="Network between nodes, Gbit/s (needed with --nodes > 1)."
+    ),
+    catalog: Path = typer.Option(
+        None, "--catalog", help="A CSV of GPUs to add or override (columns as the bundled one)."
+    ),
+    json_out: bool = typer.Option(False, "--json", help=common.JSON_HELP),
+) -> None:
+    from gpulens.predict.predictor import Target, predict_run
+    from gpulens.store.queries import find_run
+
+    target = Target(gpu, gpus, nodes, network_gbps)  # checks the arguments before any reading
+    prediction = predict_run(find_run(run), target, catalog)
+    if json_out:
+        common.emit_json(prediction.as_dict())
+        return
+    out = common.out
+    t = prediction.target
+    where = f"{t.gpus}x {prediction.target_gpu}" + (f" x {t.nodes} nodes" if t.nodes > 1 else "")
+    table = Table(title=f"{prediction.source_run} ({prediction.source_gpu}) on {where}")
+    table.add_column("")
+    table.add_column("predicted", justify="right")
+    table.add_row("step time", f"{prediction.step_time_s * 1e3:.2f} ms")
+    table.add_row("throughput", f"{prediction.throughput_samples_per_s:,.1f} samples/s")
+    for name, value in prediction.components_s.items():
+        table.add_row(f"  {name}", f"{value * 1e3:.2f} ms")
+    out.print(table)
+    err = prediction.validated_error_pct
+    validated = (
+        f"±{err:.1f}% (mean abs. error where validated)"
+        if err is not None
+        else ("not validated on measured runs yet")
+    )
+    out.print(Text(f"method: {prediction.method}, error {validated}"), highlight=False)
+    for note in prediction.notes:
+        out.print(Text(f"  {note}"), highlight=False)
+
+
+def fit(
+    catalog: Path = typer.Option(None, "--catalog", help="A CSV of GPUs to add or override."),
+    json_out: bool = typer.Option(False, "--json", help=common.JSON_HELP),
+) -> None:
+    from gpulens.paths import runs_dir
+    from gpulens.predict.fit import fit_runs, save_model
+    from gpulens.record.reader import list_records
+
+    model = fit_runs(list_records(runs_dir()), catalog)
+    path = save_model(model)
+    if json_out:
+        common.emit_json({**model.as_dict(), "model_path": str(path)})
+        return
+    common.out.print(
+        Text(
+            f"fitted on {model.runs} runs ({', '.join(model.workloads)}; GPUs "
+            f"{', '.join(model.gpus)}): held-out error {model.heldout_mape_pct:.1f}% "
+            f"({model.validation}); saved {path}"
+        ),
+        highlight=False,
+    )
+    if not model.across_gpus:
+        common.warn(
+            "one GPU model only: ",
+            "`gpulens predict` uses the regression only between GPUs it was fitted on; "
+            "add runs measured on another GPU and fit again",
+        )

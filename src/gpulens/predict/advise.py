@@ -1,0 +1,188 @@
+"""What to run on: every configuration's time and cost for a job, the Pareto front, and the one
+to pick for a deadline or a budget. Pure: works on a throughput table (one row per
+configuration, throughput from the predictor) and prints nothing."""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from gpulens.errors import UsageError
+from gpulens.predict.instances import DEFAULT_REVOCATIONS_PER_H
+from gpulens.predict.spot import SpotParams, spot_outcome
+
+log = logging.getLogger(__name__)
+
+TABLE_COLUMNS = (
+    "provider", "instance", "gpu", "gpus", "nodes", "throughput_samples_per_s",
+    "ondemand_usd_per_h", "spot_usd_per_h",
+)  # fmt: skip
+OPTION_COLUMNS = (
+    "provider", "instance", "gpu", "gpus", "nodes", "pricing", "time_h", "cost_usd",
+    "time_h_p90", "cost_usd_p90", "pareto", "throughput_samples_per_s", "price_date",
+    "checkpoint_interval_h", "revocations_per_h", "validated_error_pct",
+)  # fmt: skip
+
+
+def _positive(name: str, value: float | None, flag: str) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise UsageError(f"{flag} must be a positive number, got {value!r}")
+    if not math.isfinite(value):
+        raise UsageError(f"{flag} must be finite, got {value!r}")
+
+
+@dataclass(frozen=True)
+class AdviseConfig:
+    """What ``gpulens advise`` was asked: the job's size and the constraint(s)."""
+
+    samples: float | None = None
+    epochs: float | None = None
+    dataset_size: int | None = None
+    deadline_h: float | None = None
+    budget_usd: float | None = None
+    max_nodes: int = 1
+
+    def __post_init__(self) -> None:
+        if self.samples is None and self.epochs is None:
+            raise UsageError("give the job's size: --samples N, or --epochs E --dataset-size D")
+        if self.samples is not None and (self.epochs is not None or self.dataset_size):
+            raise UsageError("give either --samples or --epochs with --dataset-size, not both")
+        if self.epochs is not None and self.dataset_size is None:
+            raise UsageError("--epochs needs the samples per epoch: --dataset-size D")
+        _positive("samples", self.samples, "--samples")
+        _positive("epochs", self.epochs, "--epochs")
+        _positive("dataset_size", self.dataset_size, "--dataset-size")
+        _positive("deadline_h", self.deadline_h, "--deadline")
+        _positive("budget_usd", self.budget_usd, "--budget")
+        if isinstance(self.max_nodes, bool) or self.max_nodes < 1:
+            raise UsageError(f"--max-nodes must be a whole number >= 1, got {self.max_nodes}")
+
+    @property
+    def total_samples(self) -> float:
+        if self.samples is not None:
+            return float(self.samples)
+        return float(self.epochs) * float(self.dataset_size)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Advice:
+    options: pd.DataFrame  # OPTION_COLUMNS, fastest first
+    recommended: int | None  # a row label of ``options``
+    reason: str
+
+
+def pareto_mask(time_h: np.ndarray, cost_usd: np.ndarray) -> np.ndarray:
+    """True where no other point is at least as fast and as cheap, and better in one."""
+    t, c = np.asarray(time_h, float), np.asarray(cost_usd, float)
+    le = (t[None, :] <= t[:, None]) & (c[None, :] <= c[:, None])
+    lt = (t[None, :] < t[:, None]) | (c[None, :] < c[:, None])
+    return ~(le & lt).any(axis=1)
+
+
+def _option_rows(row: pd.Series, samples: float, spot: SpotParams | None) -> list[dict]:
+    tput = float(row["throughput_samples_per_s"])
+    work_h = samples / tput / 3600.0
+    nodes = int(row["nodes"])
+    base = {k: row[k] for k in ("provider", "instance", "gpu", "gpus", "nodes")}
+    base.update(throughput_samples_per_s=tput, price_date=row.get("price_date"),
+                validated_error_pct=row.get("validated_error_pct"))  # fmt: skip
+    cost = work_h * float(row["ondemand_usd_per_h"]) * nodes
+    rows = [dict(base, pricing="on-demand", time_h=work_h, cost_usd=cost, time_h_p90=work_h,
+                 cost_usd_p90=cost, checkpoint_interval_h=None, revocations_per_h=0.0)]  # fmt: skip
+    spot_price = row.get("spot_usd_per_h")
+    if spot is None or spot_price is None or pd.isna(spot_price):
+        return rows
+    rate = spot.revocations_per_h
+    if rate is None:
+        catalog_rate = row.get("revocations_per_h")
+        rate = DEFAULT_REVOCATIONS_PER_H if catalog_rate is None or pd.isna(catalog_rate) else (
+            float(catalog_rate))  # fmt: skip
+    rate_job = rate * nodes  # any node's revocation stops a data-parallel job
+    out = spot_outcome(work_h, spot.checkpoint_s / 3600.0, spot.restart_s / 3600.0, rate_job,
+                       spot.samples, spot.seed)  # fmt: skip
+    per_h = float(spot_price) * nodes
+    rows.append(dict(base, pricing="spot", time_h=out.time_h_p50, cost_usd=out.time_h_p50 * per_h,
+                     time_h_p90=out.time_h_p90, cost_usd_p90=out.time_h_p90 * per_h,
+                     checkpoint_interval_h=out.interval_h if math.isfinite(out.interval_h)
+                     else None, revocations_per_h=rate_job))  # fmt: skip
+    return rows
+
+
+def _knee(options: pd.DataFrame) -> int:
+    """The Pareto point farthest below the line from the fastest to the cheapest (log axes)."""
+    front = options[options["pareto"]].sort_values(["time_h", "cost_usd"])
+    if len(front) == 1:
+        return int(front.index[0])
+    x, y = np.log(front["time_h"].to_numpy()), np.log(front["cost_usd"].to_numpy())
+    xs = (x - x.min()) / (np.ptp(x) or 1.0)
+    ys = (y - y.min()) / (np.ptp(y) or 1.0)
+    score = xs + ys  # the line joins (0, 1) and (1, 0): farthest below it is the smallest sum
+    best = np.flatnonzero(score <= score.min() + 1e-9)
+    return int(front.index[best[-1]])  # on a tie, the cheaper
+
+
+def recommend(
+    options: pd.DataFrame, deadline_h: float | None, budget_usd: float | None
+) -> tuple[int | None, str]:
+    """The row to pick and why. Deadlines and budgets are met at p90 (spot runs vary)."""
+    if options.empty:
+        return None, "no configuration could be predicted"
+    fits = pd.Series(True, index=options.index)
+    if deadline_h is not None:
+        fits &= options["time_h_p90"] <= deadline_h
+    if budget_usd is not None:
+        fits &= options["cost_usd_p90"] <= budget_usd
+    ok = options[fits]
+    fastest = options.sort_values(["time_h", "cost_usd"]).index[0]
+    cheapest = options.sort_values(["cost_usd", "time_h"]).index[0]
+    if deadline_h is not None:
+        if ok.empty:
+            what = "the deadline" + (" and the budget" if budget_usd is not None else "")
+            return int(fastest), (
+                f"no configuration meets {what} (at p90); the fastest takes "
+                f"{options.at[fastest, 'time_h_p90']:.2f} h at p90"
+            )
+        pick = ok.sort_values(["cost_usd", "time_h"]).index[0]
+        within = " within the budget" if budget_usd is not None else ""
+        return int(pick), f"the cheapest that finishes within {deadline_h:g} h (p90){within}"
+    if budget_usd is not None:
+        if ok.empty:
+            return int(cheapest), (
+                f"no configuration stays within ${budget_usd:g} (at p90); the cheapest costs "
+                f"${options.at[cheapest, 'cost_usd_p90']:.2f} at p90"
+            )
+        pick = ok.sort_values(["time_h", "cost_usd"]).index[0]
+        return int(pick), f"the fastest that stays within ${budget_usd:g} (p90)"
+    return _knee(options), (
+        "no deadline or budget: the knee of the Pareto front, past which going faster costs "
+        "disproportionately more"
+    )
+
+
+def advise(
+    table: pd.DataFrame,
+    samples: float,
+    deadline_h: float | None = None,
+    budget_usd: float | None = None,
+    spot: SpotParams | None = None,
+) -> Advice:
+    """Every configuration of ``table`` (``TABLE_COLUMNS``; optional ``price_date`` and
+    ``revocations_per_h``) on demand, and on spot where it has a spot price and ``spot`` is
+    given; the Pareto front over (time, cost) and the recommendation."""
+    missing = [c for c in TABLE_COLUMNS if c not in table.columns]
+    if missing:
+        raise ValueError(f"throughput table lacks {missing}")
+    good = table[table["throughput_samples_per_s"] > 0]
+    rows = [r for _, row in good.iterrows() for r in _option_rows(row, samples, spot)]
+    options = pd.DataFrame(rows, columns=[c for c in OPTION_COLUMNS if c != "pareto"])
+    options["pareto"] = pareto_mask(options["time_h"], options["cost_usd"]) if rows else []
+    options = options[list(OPTION_COLUMNS)].sort_values(["time_h", "cost_usd"])
+    options = options.reset_index(drop=True)
+    pick, reason = recommend(options, deadline_h, budget_usd)
+    return Advice(options, pick, reason)

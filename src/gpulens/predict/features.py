@@ -1,0 +1,156 @@
+"""What prediction reads from a run record: per-step phases, FLOPs, bytes, GPU, model size."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpulens.errors import UsageError
+
+log = logging.getLogger(__name__)
+
+# Bytes per element of the precisions a run can name (the operands of its matmuls).
+PRECISION_BYTES = {"fp32": 4.0, "tf32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """One measured training run, per step and per GPU (rank 0's phases)."""
+
+    run_id: str
+    workload: str | None
+    gpu_name: str
+    precision: str
+    batch_size: int
+    gpus: int
+    step_s: float
+    data_wait_s: float
+    h2d_s: float
+    compute_s: float
+    gpu_busy_s: float | None  # GPU time of a step (CUDA events), None where not measured
+    flops_per_sample: float | None
+    dram_bw_util_pct: float | None  # GPM, averaged over the measured window
+    workers: int
+    ddp_bucket_mb: float | None
+    trace: Path | None
+    trace_steps: int
+
+    @property
+    def overhead_s(self) -> float:
+        """Step time not in any phase (loop bookkeeping); may be slightly negative."""
+        return self.step_s - self.data_wait_s - self.h2d_s - self.compute_s
+
+    @property
+    def non_data_s(self) -> float:
+        """The step less its data wait and copy: what the GPU and its all-reduce decide."""
+        return self.step_s - self.data_wait_s - self.h2d_s
+
+    @property
+    def gpu_time_s(self) -> float:
+        """The GPU's share of the compute phase (the rest is host time that no GPU speeds up)."""
+        if self.gpu_busy_s is None:
+            return self.compute_s
+        return min(self.gpu_busy_s, self.compute_s)
+
+    @property
+    def flops_per_step(self) -> float | None:
+        return self.flops_per_sample * self.batch_size if self.flops_per_sample else None
+
+    def bytes_per_step(self, bandwidth_bytes_per_s: float) -> float | None:
+        """DRAM bytes per step from the GPM counter (its mean over the window x the step)."""
+        if self.dram_bw_util_pct is None:
+            return None
+        return self.dram_bw_util_pct / 100.0 * bandwidth_bytes_per_s * self.step_s
+
+
+def _num(value: Any) -> float | None:
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def _gpu_busy_s(record) -> float | None:
+    try:
+        steps = record.series("steps")
+    except Exception as exc:  # a damaged series: predict from the summary alone
+        log.warning("steps series of %s unreadable (%s): using the compute phase", record.dir, exc)
+        return None
+    if "gpu_step_time_s" not in steps or steps.empty:
+        return None
+    if "warmup" in steps:
+        steps = steps[~steps["warmup"].fillna(False).astype(bool)]
+    vals = steps["gpu_step_time_s"].dropna()
+    return float(vals.median()) if len(vals) else None
+
+
+def run_facts(record) -> RunFacts:
+    """The facts of ``record`` (a RunRecord); UsageError naming the fix for a run that has no
+    measured training steps or no GPU."""
+    meta = record.meta
+    rid = meta.get("run_id", str(record.dir))
+    s = meta.get("summary") or {}
+    eff = meta.get("effective_config") or {}
+    phases = s.get("phases_s") or {}
+    step = _num(phases.get("step"))
+    if not s.get("measured_steps") or not step or step <= 0:
+        raise UsageError(
+            f"run {rid} has no measured training steps to predict from: "
+            "give a finished `gpulens run WORKLOAD` or `gpulens stalls` run"
+        )
+    gpu = s.get("gpu") or {}
+    name = gpu.get("name") or (meta.get("environment") or {}).get("gpu_model")
+    if not name:
+        raise UsageError(
+            f"run {rid} ran on no GPU (device {s.get('device')}): "
+            "predict from a run measured on a GPU"
+        )
+    prof = meta.get("torch_profiler") or {}
+    trace = Path(record.dir) / prof["file"] if prof.get("file") else None
+    return RunFacts(
+        run_id=rid,
+        workload=s.get("workload") or eff.get("workload"),
+        gpu_name=str(name),
+        precision=str(s.get("precision") or eff.get("precision") or "fp32"),
+        batch_size=int(s.get("batch_size") or eff.get("batch_size") or 1),
+        gpus=max(1, int(s.get("gpus") or s.get("processes") or 1)),
+        step_s=step,
+        data_wait_s=_num(phases.get("data_wait")) or 0.0,
+        h2d_s=_num(phases.get("h2d")) or 0.0,
+        compute_s=_num(phases.get("compute")) or step,
+        gpu_busy_s=_gpu_busy_s(record),
+        flops_per_sample=_num(s.get("flops_per_sample")),
+        dram_bw_util_pct=_num(gpu.get("dram_bw_util_pct")),
+        workers=int(s.get("workers") or 0),
+        ddp_bucket_mb=_num(eff.get("ddp_bucket_mb")),
+        trace=trace if trace is not None and trace.is_file() else None,
+        trace_steps=int(prof.get("steps") or 0),
+    )
+
+
+@functools.lru_cache(maxsize=32)
+def model_size(workload: str | None) -> tuple[int | None, int | None]:
+    """``(parameters, layers)`` of a built-in workload (layers: convolutions and linear
+    layers); ``(None, None)`` for anything else. Builds the model once on the CPU."""
+    if not workload:
+        return None, None
+    try:
+        from gpulens.workloads.models import get_workload
+
+        spec = get_workload(workload)
+    except UsageError:
+        return None, None
+    import torch
+
+    model = spec.build()
+    params = sum(p.numel() for p in model.parameters())
+    layers = sum(
+        isinstance(m, (torch.nn.Conv2d, torch.nn.Linear, torch.nn.MultiheadAttention))
+        for m in model.modules()
+    )
+    return int(params), int(layers)

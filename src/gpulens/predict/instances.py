@@ -1,0 +1,164 @@
+"""The bundled, dated catalog of cloud GPU instances (prices, shapes), extendable with a user CSV.
+
+Each row names a GPU of the GPU catalog (:mod:`gpulens.predict.catalog`), so a configuration can
+be predicted; a row whose figure could not be checked says so in ``note``. Spot revocation rates
+are rarely published: an empty ``revocations_per_h`` means ``DEFAULT_REVOCATIONS_PER_H`` (or the
+user's ``--revocations-per-h``).
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+from dataclasses import asdict, dataclass
+from datetime import date
+from pathlib import Path
+
+import pandas as pd
+
+from gpulens.errors import UsageError
+from gpulens.predict.catalog import find_gpu
+
+log = logging.getLogger(__name__)
+
+INSTANCES_PATH = Path(__file__).with_name("instances.csv")
+COLUMNS = (
+    "provider", "instance", "gpu", "gpus", "vcpus", "ram_gb", "network_gbps",
+    "ondemand_usd_per_h", "spot_usd_per_h", "revocations_per_h", "region", "price_date",
+    "source", "note",
+)  # fmt: skip
+# One revocation per 20 hours of spot time: an assumption (preemptible GPU servers in CM-DARE's
+# study lived hours to a day; GCP ends preemptible VMs within 24 h), not a measurement.
+DEFAULT_REVOCATIONS_PER_H = 0.05
+STALE_AFTER_DAYS = 90
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One catalog row; ``gpu`` is the GPU catalog's canonical name."""
+
+    provider: str
+    instance: str
+    gpu: str
+    gpus: int
+    vcpus: int
+    ram_gb: float
+    network_gbps: float | None
+    ondemand_usd_per_h: float
+    spot_usd_per_h: float | None
+    revocations_per_h: float | None
+    region: str
+    price_date: str
+    source: str
+    note: str
+
+
+def _number(row: dict, column: str, path: Path, required: bool) -> float | None:
+    text = (row.get(column) or "").strip()
+    if not text:
+        if required:
+            raise UsageError(
+                f"instance catalog {path}: {row.get('instance') or 'a row'} has no {column}; "
+                "fill it in"
+            )
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise UsageError(
+            f"instance catalog {path}: {column} of {row.get('instance')} is {text!r}, "
+            "expected a number"
+        ) from None
+    if value < 0 or (required and value == 0 and column != "network_gbps"):
+        raise UsageError(
+            f"instance catalog {path}: {column} of {row.get('instance')} must be positive"
+        )
+    return value
+
+
+def _parse(row: dict, path: Path, gpu_catalog: Path | None) -> Instance:
+    name = (row.get("instance") or "").strip()
+    if not name or not (row.get("provider") or "").strip():
+        raise UsageError(f"instance catalog {path}: a row lacks provider or instance; fill both")
+    try:
+        gpu = find_gpu((row.get("gpu") or "").strip() or "?", gpu_catalog).gpu
+    except UsageError:
+        raise UsageError(
+            f"instance catalog {path}: {name} names unknown GPU {row.get('gpu')!r}; use a GPU "
+            "catalog name (e.g. H100-SXM, A100-80GB) or add the GPU with --gpu-catalog FILE"
+        ) from None
+    price_date = (row.get("price_date") or "").strip()
+    try:
+        date.fromisoformat(price_date)
+    except ValueError:
+        raise UsageError(
+            f"instance catalog {path}: price_date of {name} is {price_date!r}, expected YYYY-MM-DD"
+        ) from None
+    gpus = _number(row, "gpus", path, True)
+    if gpus is None or gpus != int(gpus):
+        raise UsageError(f"instance catalog {path}: gpus of {name} must be a whole number")
+    return Instance(
+        provider=row["provider"].strip().lower(),
+        instance=name,
+        gpu=gpu,
+        gpus=int(gpus),
+        vcpus=int(_number(row, "vcpus", path, True) or 0),
+        ram_gb=_number(row, "ram_gb", path, True) or 0.0,
+        network_gbps=_number(row, "network_gbps", path, False),
+        ondemand_usd_per_h=_number(row, "ondemand_usd_per_h", path, True) or 0.0,
+        spot_usd_per_h=_number(row, "spot_usd_per_h", path, False),
+        revocations_per_h=_number(row, "revocations_per_h", path, False),
+        region=(row.get("region") or "").strip(),
+        price_date=price_date,
+        source=(row.get("source") or "").strip(),
+        note=(row.get("note") or "").strip(),
+    )
+
+
+def _rows(path: Path) -> list[dict]:
+    try:
+        with path.open(newline="") as handle:
+            reader = csv.DictReader(handle)
+            required = [c for c in COLUMNS if c not in ("note", "revocations_per_h", "source")]
+            missing = [c for c in required if c not in (reader.fieldnames or [])]
+            if missing:
+                raise UsageError(
+                    f"instance catalog {path} lacks columns {', '.join(missing)}; "
+                    f"use the header of {INSTANCES_PATH.name}"
+                )
+            return list(reader)
+    except OSError as exc:
+        raise UsageError(
+            f"cannot read instance catalog {path}: {exc.strerror}; pass an existing CSV "
+            "to --catalog"
+        ) from exc
+
+
+def load_instances(extra: Path | None = None, gpu_catalog: Path | None = None) -> list[Instance]:
+    """The bundled rows, extended (or overridden by provider and instance) by ``extra``."""
+    by_key: dict[tuple[str, str], Instance] = {}
+    for path in [INSTANCES_PATH] + ([Path(extra)] if extra is not None else []):
+        for row in _rows(path):
+            inst = _parse(row, path, gpu_catalog)
+            by_key[(inst.provider, inst.instance)] = inst
+    return list(by_key.values())
+
+
+def instances_frame(instances: list[Instance]) -> pd.DataFrame:
+    return pd.DataFrame([asdict(i) for i in instances], columns=list(COLUMNS))
+
+
+def catalog_date(instances: list[Instance]) -> str:
+    """The newest price date: the catalog is as old as its freshest update."""
+    return max(i.price_date for i in instances)
+
+
+def stale_warning(catalog_day: str, today: date | None = None) -> str | None:
+    """A warning when the catalog is older than ``STALE_AFTER_DAYS``; None otherwise."""
+    age = ((today or date.today()) - date.fromisoformat(catalog_day)).days
+    if age <= STALE_AFTER_DAYS:
+        return None
+    return (
+        f"the instance catalog is {age} days old (prices of {catalog_day}): check current "
+        "prices and pass them with --catalog FILE"
+    )

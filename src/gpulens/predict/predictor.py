@@ -1,0 +1,246 @@
+"""Step time and throughput of a measured run on another GPU, GPU count or network.
+
+The stable API (``gpulens advise`` imports it): ``Target``, ``Prediction``, ``predict_run``.
+
+A step is split as measured (rank 0's phases): data wait + host-to-device copy + compute
+(+ loop bookkeeping). Compute splits into the GPU's time (CUDA events) and host time; only the
+GPU's part is scaled, by the profiler window's kernels (``kernel_roofline``) or by the step's
+FLOPs and bytes (``whole_step_roofline``), or by the regression of ``gpulens fit`` where its
+held-out error is lower. The all-reduce comes from the ring model (``communication``). A run
+whose loader could not keep up keeps its loader's pace: the data wait absorbs a faster GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpulens.errors import UsageError
+from gpulens.predict import roofline, validation
+from gpulens.predict.catalog import GpuSpec, find_gpu
+from gpulens.predict.communication import Communication, communication
+from gpulens.predict.features import RunFacts, model_size, run_facts
+from gpulens.predict.trace import read_kernels
+
+log = logging.getLogger(__name__)
+
+# A run whose data wait is above this share of its step was waiting for its loader.
+LOADER_BOUND_SHARE = 0.05
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where to predict: ``gpus`` GPUs of type ``gpu`` on each of ``nodes`` hosts joined by
+    ``network_gbps``. The per-GPU batch stays the measured one (data parallel)."""
+
+    gpu: str
+    gpus: int = 1
+    nodes: int = 1
+    network_gbps: float | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.gpu, str) or not self.gpu.strip():
+            raise UsageError("give the target GPU: --gpu NAME (see the catalog, e.g. H100, A100)")
+        for name in ("gpus", "nodes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise UsageError(f"--{name} must be a whole number >= 1, got {value!r}")
+        gbps = self.network_gbps
+        if gbps is not None and (not isinstance(gbps, (int, float)) or not gbps > 0):
+            raise UsageError(f"--network-gbps must be a positive number, got {gbps!r}")
+        if self.nodes > 1 and gbps is None:
+            raise UsageError("--nodes above 1 needs the network between them: --network-gbps B")
+
+    @property
+    def total_gpus(self) -> int:
+        return self.gpus * self.nodes
+
+
+@dataclass(frozen=True)
+class Prediction:
+    source_run: str
+    target: Target
+    step_time_s: float
+    throughput_samples_per_s: float
+    components_s: dict[str, float]
+    validated_error_pct: float | None
+    method: str
+    source_gpu: str = ""
+    target_gpu: str = ""
+    loader_bound: bool = False  # the source run waited for its loader: kept at that pace
+    notes: tuple[str, ...] = field(default=())
+
+    def as_dict(self) -> dict[str, Any]:
+        """The ``predict --json`` document."""
+        doc = asdict(self)
+        doc["notes"] = list(self.notes)
+        return doc
+
+
+def _store_pairs(facts: RunFacts) -> list[tuple[str, float, str, float, int]]:
+    """Measured (1-GPU, N-GPU) runs of the same workload, batch, precision and GPU model in the
+    store: what calibrates the exposed all-reduce share."""
+    from gpulens.paths import runs_dir
+
+    root = runs_dir()
+    try:
+        stamp = root.stat().st_mtime_ns  # a new run changes it: the cache is then missed
+    except OSError:
+        return []
+    key = (facts.workload, facts.batch_size, facts.precision, facts.gpu_name)
+    return list(_pairs_in(str(root), stamp, key))
+
+
+@functools.lru_cache(maxsize=16)
+def _pairs_in(root: str, stamp: int, key: tuple) -> tuple[tuple[str, float, str, float, int], ...]:
+    # One scan of the store per run and store state: `advise` predicts dozens of targets.
+    from gpulens.record.reader import list_records
+
+    by_gpus: dict[int, list[RunFacts]] = {}
+    for rec in list_records(Path(root)):
+        if rec.status != "finished":
+            continue
+        try:
+            f = run_facts(rec)
+        except UsageError:
+            continue
+        if (f.workload, f.batch_size, f.precision, f.gpu_name) == key:
+            by_gpus.setdefault(f.gpus, []).append(f)
+    pairs = []
+    for one in by_gpus.get(1, []):
+        for n, many in by_gpus.items():
+            pairs += [
+                (one.run_id, one.non_data_s, m.run_id, m.non_data_s, n) for m in many if n > 1
+            ]
+    return tuple(pairs)
+
+
+def _gpu_ratio(
+    facts: RunFacts, core_s: float, src: roofline.Hardware, tgt: roofline.Hardware
+) -> tuple[float, str, list[str]]:
+    """Target/source GPU time of a step, the method, and notes."""
+    kernels = read_kernels(facts.trace) if facts.trace is not None else []
+    if kernels and facts.trace_steps > 0:
+        ks = roofline.scale_kernels(kernels, facts.trace_steps, src, tgt)
+        busy = min(1.0, ks.busy_s_per_step / core_s)
+        bound = ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in ks.seconds_by_bound.items())
+        note = f"{ks.kernels} kernels over {facts.trace_steps} profiled steps ({bound} per step)"
+        return busy * ks.ratio + (1.0 - busy), "kernel_roofline", [note]
+    flops = facts.flops_per_step
+    if not flops:
+        raise UsageError(
+            f"run {facts.run_id} has no FLOP count and no profiler window: rerun it with "
+            "`gpulens run WORKLOAD --torch-profiler 5` (or on a built-in workload)"
+        )
+    split = roofline.split_step(core_s, flops, facts.bytes_per_step(src.bandwidth_bytes_per_s), src)
+    notes = [] if facts.trace is None else ["the profiler window holds no CUDA kernels"]
+    notes += [
+        f"GPU time per step: {split.compute_frac:.0%} FLOP-bound, {split.memory_frac:.0%} "
+        f"bandwidth-bound, {split.latency_frac:.0%} latency-bound (kept)"
+    ]
+    if not split.bytes_measured:
+        notes.append(
+            f"no DRAM counter (GPM) in the run: bytes assumed at "
+            f"{roofline.DEFAULT_FLOP_PER_BYTE:g} FLOP/byte"
+        )
+    return split.ratio(src, tgt), "whole_step_roofline", notes
+
+
+def _regression_ratio(
+    facts: RunFacts, src: GpuSpec, tgt: GpuSpec, method_error: float | None
+) -> tuple[float, float] | None:
+    """(target/source compute ratio, held-out error) from the saved ``gpulens fit`` model,
+    where it did better on held-out runs than ``method_error``."""
+    from gpulens.predict import fit
+
+    model = fit.load_model()
+    if model is None or (method_error is not None and model.heldout_mape_pct >= method_error):
+        return None
+    if not model.across_gpus or not {src.gpu, tgt.gpu} <= set(model.gpus):
+        return None  # a regression says nothing about a GPU it never saw
+    a, b = model.predict_s(facts, src), model.predict_s(facts, tgt)
+    if a is None or b is None:
+        return None
+    return b / a, model.heldout_mape_pct
+
+
+def predict_run(record, target: Target, catalog: Path | None = None) -> Prediction:
+    """Predict ``record`` (a RunRecord of a training run on a GPU) on ``target``."""
+    facts = run_facts(record)
+    src_spec = find_gpu(facts.gpu_name, catalog)
+    tgt_spec = find_gpu(target.gpu, catalog)
+    column = roofline.peak_column(facts.precision, facts.workload)
+    src = roofline.hardware(src_spec, column)
+    tgt = roofline.hardware(tgt_spec, column)
+    params, _ = model_size(facts.workload)
+    pairs = _store_pairs(facts) if target.total_gpus > 1 or facts.gpus > 1 else []
+    comm: Communication = communication(params, facts.ddp_bucket_mb, pairs, src_spec)
+    comm_src = comm.exposed_s(src_spec, facts.gpus)
+    core = max(facts.gpu_time_s - comm_src, 0.5 * facts.gpu_time_s)
+    host = facts.compute_s - facts.gpu_time_s
+    notes: list[str] = []
+
+    loader_bound = facts.data_wait_s > LOADER_BOUND_SHARE * facts.step_s
+    regimes = ["loader_bound"] * loader_bound + ["multi_gpu"] * (target.total_gpus != facts.gpus)
+    fit_error = None
+    if src_spec.gpu == tgt_spec.gpu:
+        ratio, method = 1.0, "same_gpu"
+    else:
+        ratio, method, notes = _gpu_ratio(facts, core, src, tgt)
+        fitted = _regression_ratio(facts, src_spec, tgt_spec, validation.error_pct(method))
+        if fitted is not None:
+            (ratio, fit_error), method = fitted, "regression"
+            notes.append(f"the regression of `gpulens fit` did better on held-out runs "
+                         f"({fit_error:.1f}%)")  # fmt: skip
+    error = validation.error_pct(method, *regimes)
+    if fit_error is not None:
+        error = max(fit_error, error or 0.0)
+    # Bookkeeping time goes with compute; a negative remainder (phase means that overlap
+    # the step by a little) comes off the data wait, so the parts still add up to the step.
+    overhead = facts.overhead_s
+    compute = host + core * ratio + max(overhead, 0.0)
+    comm_tgt = comm.exposed_s(tgt_spec, target.gpus, target.nodes, target.network_gbps)
+    if target.total_gpus > 1 or facts.gpus > 1:
+        source = (
+            "calibrated on " + ", ".join(comm.calibrated_on)
+            if comm.calibrated_on
+            else (
+                "uncalibrated: no 1- and 2-GPU runs of this workload in the store; "
+                "assumes none of it overlaps the backward pass"
+            )
+        )
+        notes.append(
+            f"all-reduce of {comm.gradient_bytes / 1e6:.0f} MB gradients, exposed share "
+            f"{comm.exposed_fraction:.2f} ({source})"
+        )
+    busy = compute + comm_tgt + facts.h2d_s
+    if loader_bound:
+        # The loader delivered one batch per measured step: it stays at that pace.
+        data_wait = max(0.0, facts.step_s - busy)
+        notes.append("loader-bound run: data preparation is kept at its measured pace")
+    else:
+        data_wait = max(0.0, facts.data_wait_s + min(overhead, 0.0))
+    step = busy + data_wait
+    if not math.isfinite(step) or step <= 0:
+        raise UsageError(f"run {facts.run_id} has inconsistent phase times: cannot predict")
+    return Prediction(
+        source_run=facts.run_id,
+        target=target,
+        step_time_s=step,
+        throughput_samples_per_s=facts.batch_size * target.total_gpus / step,
+        components_s={
+            "compute": compute,
+            "communication": comm_tgt,
+            "data": data_wait + facts.h2d_s,
+        },
+        validated_error_pct=error,
+        method=method,
+        source_gpu=src_spec.gpu,
+        target_gpu=tgt_spec.gpu,
+        loader_bound=loader_bound,
+        notes=tuple(notes),
+    )

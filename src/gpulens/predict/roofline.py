@@ -1,0 +1,182 @@
+"""Scaling a measured GPU time to another GPU by what bounds it: peak FLOP/s or memory bandwidth.
+
+Two methods, both pure (numbers in, numbers out):
+
+- ``kernel``: every CUDA kernel of a profiler window (``predict.trace``) is scaled on its own.
+  Its arithmetic intensity (FLOPs / bytes of the launching op, from its input shapes) against
+  the source GPU's ridge point says what bounds it; without them the kernel's name does
+  (GEMM/convolution/attention kernels: FLOPs; the rest: bandwidth). Kernels shorter than
+  ``LATENCY_BOUND_S`` are launch/latency bound and kept.
+- ``whole_step``: the step's FLOPs (the workload's count) and bytes (the DRAM bandwidth counter
+  of GPM where measured) give the ideal compute and memory times on the source; each part of
+  the measured GPU time is scaled by its own ratio, and the rest (latency-bound time, which
+  neither peak moves) is kept.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from gpulens.errors import UsageError
+from gpulens.predict.catalog import GpuSpec
+
+log = logging.getLogger(__name__)
+
+# Kernels this short are bound by launch latency and the GPU's clock, not by a peak.
+LATENCY_BOUND_S = 5e-6
+# Without a DRAM counter, bytes per step are assumed at this intensity: the one GPM measured for
+# resnet50 bf16 b128 on an H100 (61 GB and 3.1 TFLOP per step, tests/fixtures).
+DEFAULT_FLOP_PER_BYTE = 50.0
+_COMPUTE_NAME = re.compile(
+    r"gemm|xmma|wgmma|cutlass|conv|fprop|dgrad|wgrad|flash|fmha|attention|sdpa|matmul|"
+    r"\bmm\b|addmm|bmm|linear|cudnn|implicit",
+    re.IGNORECASE,
+)
+
+
+def peak_column(precision: str, workload: str | None) -> str:
+    """The catalog column of the peak a run's matmuls use: fp32 convnets run on TF32 (cuDNN
+    allows it by default); fp32 matmuls (ViT, GPT) do not, as torch's default forbids it."""
+    precision = (precision or "fp32").lower()
+    if precision == "fp32":
+        conv = workload is not None and not workload.startswith(("vit", "gpt"))
+        return "tf32_tflops" if conv else "fp32_tflops"
+    return f"{precision}_tflops"
+
+
+def peak_flops_per_s(spec: GpuSpec, column: str) -> float:
+    value = getattr(spec, column, None)
+    if not value:
+        raise UsageError(
+            f"the catalog has no {column.removesuffix('_tflops')} peak for {spec.gpu}: "
+            f"fill column {column} with --catalog FILE, or pick another GPU"
+        )
+    return float(value) * 1e12
+
+
+def bandwidth_bytes_per_s(spec: GpuSpec) -> float:
+    if not spec.mem_bw_gb_s:
+        raise UsageError(f"the catalog has no memory bandwidth for {spec.gpu}: fill mem_bw_gb_s")
+    return float(spec.mem_bw_gb_s) * 1e9
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """The two roofline numbers of one GPU at one precision."""
+
+    peak_flops_per_s: float
+    bandwidth_bytes_per_s: float
+
+    @property
+    def ridge_flop_per_byte(self) -> float:
+        return self.peak_flops_per_s / self.bandwidth_bytes_per_s
+
+    def ideal_s(self, flops: float, nbytes: float) -> float:
+        return max(flops / self.peak_flops_per_s, nbytes / self.bandwidth_bytes_per_s)
+
+
+def hardware(spec: GpuSpec, column: str) -> Hardware:
+    return Hardware(peak_flops_per_s(spec, column), bandwidth_bytes_per_s(spec))
+
+
+# ------------------------------------------------------------------------------ whole step
+@dataclass(frozen=True)
+class StepScaling:
+    """A measured GPU time split into compute-, memory- and latency-bound parts (fractions)."""
+
+    compute_frac: float
+    memory_frac: float
+    bytes_measured: bool
+
+    @property
+    def latency_frac(self) -> float:
+        return max(0.0, 1.0 - self.compute_frac - self.memory_frac)
+
+    def ratio(self, source: Hardware, target: Hardware) -> float:
+        """Target GPU time / source GPU time."""
+        return (
+            self.compute_frac * source.peak_flops_per_s / target.peak_flops_per_s
+            + self.memory_frac * source.bandwidth_bytes_per_s / target.bandwidth_bytes_per_s
+            + self.latency_frac
+        )
+
+
+def split_step(
+    gpu_time_s: float, flops: float, nbytes: float | None, source: Hardware
+) -> StepScaling:
+    """The parts of ``gpu_time_s`` bound by FLOPs and by bytes (ideal times on ``source``,
+    clipped so that they sum to at most the measured time)."""
+    if gpu_time_s <= 0:
+        raise ValueError("gpu_time_s must be positive")
+    measured = nbytes is not None
+    if nbytes is None:
+        nbytes = flops / DEFAULT_FLOP_PER_BYTE
+    compute = min(1.0, flops / source.peak_flops_per_s / gpu_time_s)
+    memory = min(1.0 - compute, nbytes / source.bandwidth_bytes_per_s / gpu_time_s)
+    return StepScaling(compute, max(memory, 0.0), measured)
+
+
+# ------------------------------------------------------------------------------ kernels
+@dataclass(frozen=True)
+class Kernel:
+    """One kernel of a profiler window; ``flops``/``nbytes`` are its launching op's share."""
+
+    name: str
+    duration_s: float
+    op: str | None = None
+    flops: float | None = None
+    nbytes: float | None = None
+
+    def bound(self, source: Hardware) -> str:
+        """``compute``, ``memory`` or ``latency``: what limits this kernel on ``source``."""
+        if self.duration_s < LATENCY_BOUND_S:
+            return "latency"
+        if self.flops and self.nbytes:
+            ai = self.flops / self.nbytes
+            return "compute" if ai >= source.ridge_flop_per_byte else "memory"
+        text = f"{self.name} {self.op or ''}"
+        return "compute" if _COMPUTE_NAME.search(text) else "memory"
+
+    def scaled_s(self, source: Hardware, target: Hardware) -> float:
+        bound = self.bound(source)
+        if bound == "latency":
+            return self.duration_s
+        if self.flops and self.nbytes:
+            return self.duration_s * (
+                target.ideal_s(self.flops, self.nbytes) / source.ideal_s(self.flops, self.nbytes)
+            )
+        if bound == "compute":
+            return self.duration_s * source.peak_flops_per_s / target.peak_flops_per_s
+        return self.duration_s * source.bandwidth_bytes_per_s / target.bandwidth_bytes_per_s
+
+
+@dataclass(frozen=True)
+class KernelScaling:
+    """What a profiler window says about the GPU time of one step on another GPU."""
+
+    kernels: int
+    busy_s_per_step: float
+    scaled_s_per_step: float
+    seconds_by_bound: dict[str, float]
+
+    @property
+    def ratio(self) -> float:
+        return self.scaled_s_per_step / self.busy_s_per_step if self.busy_s_per_step else 1.0
+
+
+def scale_kernels(
+    kernels: Iterable[Kernel], steps: int, source: Hardware, target: Hardware
+) -> KernelScaling:
+    ks = list(kernels)
+    if not ks or steps < 1:
+        raise UsageError("the profiler window holds no CUDA kernels: rerun with a GPU")
+    by_bound = {"compute": 0.0, "memory": 0.0, "latency": 0.0}
+    scaled = 0.0
+    for k in ks:
+        by_bound[k.bound(source)] += k.duration_s / steps
+        scaled += k.scaled_s(source, target)
+    busy = sum(k.duration_s for k in ks) / steps
+    return KernelScaling(len(ks), busy, scaled / steps, by_bound)

@@ -1,0 +1,235 @@
+"""Data-loader workers for concurrent jobs that share the host's CPUs (A-Dloader's problem):
+each job's throughput curve over its workers, and the split of C CPUs that maximises the
+aggregate, against an even split. Pure: curves come from run summaries (dicts), no I/O."""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from gpulens.errors import UsageError
+
+log = logging.getLogger(__name__)
+
+# A run whose data wait is above this share of its step was waiting for its loader.
+LOADER_BOUND_SHARE = 0.05
+OBJECTIVES = ("normalized", "samples")
+
+
+@dataclass(frozen=True)
+class Curve:
+    """Throughput (samples/s) of one job at some worker counts, ascending. Between points it is
+    linear; below the first point proportional to the workers (a loader-bound job); beyond the
+    last point flat (no gain assumed that was not seen)."""
+
+    job: str
+    workers: tuple[int, ...]
+    throughput_samples_per_s: tuple[float, ...]
+    source: str  # "measured" (runs at several worker counts) or "predicted" (one run, a model)
+    note: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.workers or len(self.workers) != len(self.throughput_samples_per_s):
+            raise UsageError(f"job {self.job}: a curve needs as many throughputs as points")
+        if list(self.workers) != sorted(set(self.workers)) or self.workers[0] < 0:
+            raise UsageError(f"job {self.job}: worker counts must be distinct, ascending, >= 0")
+        if any(not t >= 0 for t in self.throughput_samples_per_s):
+            raise UsageError(f"job {self.job}: throughputs must be >= 0")
+
+    def at(self, workers: int) -> float:
+        w, t = np.asarray(self.workers, float), np.asarray(self.throughput_samples_per_s, float)
+        if workers < w[0]:
+            return float(t[0] * workers / w[0]) if w[0] > 0 else float(t[0])
+        return float(np.interp(workers, w, t))
+
+
+def predicted_curve(
+    job: str, batch_size: int, step_s: float, data_wait_s: float, workers: int, cpus: int
+) -> Curve:
+    """From one run: per sample the GPU needs ``(step - data wait) / batch``; each worker
+    prepares a sample in ``t_prep``; the slower side sets the pace (the stall model's what-if)."""
+    if step_s <= 0 or batch_size < 1:
+        raise UsageError(f"job {job}: its run has no measured step time to build a curve from")
+    t_gpu = max(step_s - data_wait_s, 1e-12) / batch_size
+    if workers == 0:  # loading in the training process: its wait is one worker's pace
+        t_prep, how = max(data_wait_s, 0.0) / batch_size, "loaded in-process"
+    elif data_wait_s > LOADER_BOUND_SHARE * step_s:
+        t_prep, how = step_s / batch_size * workers, f"loader-bound at {workers} workers"
+    else:  # the loader kept up: each worker was at most this slow (a pessimistic curve)
+        t_prep, how = t_gpu * workers, f"GPU-bound at {workers} workers (loader speed a bound)"
+    ws = tuple(range(1, max(cpus, 1) + 1))
+    tput = tuple(1.0 / max(t_gpu, t_prep / w) for w in ws)
+    return Curve(job, ws, tput, "predicted", f"from one run, {how}")
+
+
+def _num(value) -> float | None:
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        return None
+    return f if f == f else None
+
+
+def _loader_runs(job: str, metas: list[dict]) -> list[dict]:
+    """Finished runs of ``job`` that used a data loader (not data already on the device)."""
+    out = []
+    for meta in metas:
+        s, eff = meta.get("summary") or {}, meta.get("effective_config") or {}
+        if meta.get("status") != "finished" or (s.get("workload") or eff.get("workload")) != job:
+            continue
+        if str(eff.get("data") or "synthetic") == "synthetic":
+            continue
+        if s.get("measured_steps") and _num(s.get("throughput_samples_per_s")):
+            out.append(meta)
+    return out
+
+
+def curve_for_job(job: str, metas: list[dict], cpus: int) -> Curve:
+    """The job's curve from the store's run.json documents (oldest first): measured where runs
+    at two or more worker counts exist (same batch size and GPU as the newest), else predicted
+    from the newest run."""
+    runs = _loader_runs(job, metas)
+    if not runs:
+        raise UsageError(
+            f"no finished run of {job} with a data loader in the store: run "
+            f"`gpulens run {job} --data DIR --workers N` first (at two or more N for a measured "
+            "curve)"
+        )
+    newest = runs[-1]["summary"]
+
+    def same(s: dict) -> bool:
+        return s.get("batch_size") == newest.get("batch_size") and (s.get("gpu") or {}).get(
+            "name"
+        ) == (newest.get("gpu") or {}).get("name")
+
+    by_workers: dict[int, list[float]] = {}
+    for meta in runs:
+        s = meta["summary"]
+        if same(s):
+            by_workers.setdefault(int(s.get("workers") or 0), []).append(
+                float(s["throughput_samples_per_s"])
+            )
+    if len(by_workers) >= 2:
+        ws = sorted(by_workers)
+        tput = tuple(statistics.median(by_workers[w]) for w in ws)
+        runs_n = sum(len(v) for v in by_workers.values())
+        return Curve(job, tuple(ws), tput, "measured", f"{runs_n} runs at workers {ws}")
+    phases = newest.get("phases_s") or {}
+    return predicted_curve(
+        job,
+        int(newest.get("batch_size") or 1),
+        _num(phases.get("step")) or 0.0,
+        _num(phases.get("data_wait")) or 0.0,
+        int(newest.get("workers") or 0),
+        cpus,
+    )
+
+
+@dataclass(frozen=True)
+class Allocation:
+    jobs: tuple[str, ...]
+    workers: tuple[int, ...]
+    samples_per_s: tuple[float, ...]
+    even_workers: tuple[int, ...]
+    even_samples_per_s: tuple[float, ...]
+    objective: str
+    value: float  # the objective at the allocation
+    even_value: float
+
+    @property
+    def gain_pct(self) -> float:
+        return 100.0 * (self.value / self.even_value - 1.0) if self.even_value > 0 else 0.0
+
+
+def _values(curves: list[Curve], cpus: int, objective: str) -> np.ndarray:
+    """values[j, w]: job j's objective at w workers (w = 0..cpus; 0 unused)."""
+    table = np.array([[c.at(w) for w in range(cpus + 1)] for c in curves])
+    if objective == "normalized":  # each job's share of its own best: samples of unlike jobs
+        peak = table[:, 1:].max(axis=1, keepdims=True)  # are not added up as if alike
+        table = np.divide(table, peak, out=np.zeros_like(table), where=peak > 0)
+    return table
+
+
+def even_split(jobs: int, cpus: int) -> tuple[int, ...]:
+    base, extra = divmod(cpus, jobs)
+    return tuple(base + (1 if j < extra else 0) for j in range(jobs))
+
+
+def greedy(values: np.ndarray, cpus: int) -> tuple[int, ...]:
+    """One worker each, then each further CPU to the job that gains most from it (optimal on
+    concave curves)."""
+    alloc = [1] * len(values)
+    for _ in range(cpus - len(values)):
+        gains = [values[j, alloc[j] + 1] - values[j, alloc[j]] for j in range(len(values))]
+        alloc[int(np.argmax(gains))] += 1
+    return tuple(alloc)
+
+
+def dynamic_programme(values: np.ndarray, cpus: int) -> tuple[int, ...]:
+    """The exact optimum (any curve shape): best[j][c] over the first j jobs and c CPUs."""
+    jobs = len(values)
+    best = np.full((jobs + 1, cpus + 1), -np.inf)
+    best[0, 0] = 0.0
+    choice = np.zeros((jobs + 1, cpus + 1), dtype=int)
+    for j in range(1, jobs + 1):
+        for c in range(j, cpus + 1):
+            for w in range(1, c - (j - 1) + 1):
+                v = best[j - 1, c - w] + values[j - 1, w]
+                if v > best[j, c] + 1e-12:
+                    best[j, c], choice[j, c] = v, w
+    alloc, c = [], int(np.argmax(best[jobs]))
+    for j in range(jobs, 0, -1):
+        alloc.append(int(choice[j, c]))
+        c -= choice[j, c]
+    return tuple(reversed(alloc))
+
+
+def allocate(
+    curves: list[Curve], cpus: int, objective: str = "normalized", method: str = "dp"
+) -> Allocation:
+    """Workers per job (at least one each, ``cpus`` in all) maximising the aggregate
+    ``objective``: ``normalized`` (sum of each job's share of its best throughput) or
+    ``samples`` (sum of samples/s)."""
+    if objective not in OBJECTIVES:
+        raise UsageError(f"--objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
+    if not curves:
+        raise UsageError("give at least one job")
+    if isinstance(cpus, bool) or cpus < len(curves):
+        raise UsageError(f"--cpus must be at least the number of jobs ({len(curves)}), got {cpus}")
+    values = _values(curves, cpus, objective)
+    workers = greedy(values, cpus) if method == "greedy" else dynamic_programme(values, cpus)
+    even = even_split(len(curves), cpus)
+
+    def total(alloc: tuple[int, ...]) -> float:
+        return float(sum(values[j, w] for j, w in enumerate(alloc)))
+
+    if total(even) >= total(workers) - 1e-9 * abs(total(workers)):
+        workers = even  # no gain: keep the split nobody has to explain
+
+    return Allocation(
+        jobs=tuple(c.job for c in curves),
+        workers=workers,
+        samples_per_s=tuple(c.at(w) for c, w in zip(curves, workers, strict=True)),
+        even_workers=even,
+        even_samples_per_s=tuple(c.at(w) for c, w in zip(curves, even, strict=True)),
+        objective=objective,
+        value=total(workers),
+        even_value=total(even),
+    )
+
+
+def allocation_frame(alloc: Allocation, curves: list[Curve]) -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "job": alloc.jobs,
+            "curve": [c.source for c in curves],
+            "workers": alloc.workers,
+            "samples_per_s": alloc.samples_per_s,
+            "even_workers": alloc.even_workers,
+            "even_samples_per_s": alloc.even_samples_per_s,
+        }
+    )

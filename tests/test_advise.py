@@ -1,0 +1,319 @@
+"""`gpulens advise`: the instance catalog, the Pareto front, the recommendation for a deadline
+or a budget, spot options, and the CLI (JSON contract, stale catalog, one-line errors)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from datetime import date
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from gpulens.cli import main
+from gpulens.errors import UsageError
+from gpulens.predict import instances as cat
+from gpulens.predict.advise import AdviseConfig, advise, pareto_mask, recommend
+from gpulens.predict.catalog import find_gpu
+from gpulens.predict.spot import SpotParams
+
+FIXTURES = Path(__file__).parent / "fixtures"
+SYNTHETIC = FIXTURES / "record_h100_resnet50_synthetic"  # resnet50 bf16 on an H100
+OPTION_KEYS = {
+    "provider", "instance", "gpu", "gpus", "nodes", "pricing", "time_h", "cost_usd",
+    "time_h_p90", "cost_usd_p90", "pareto",
+}  # fmt: skip
+HEADER = ",".join(cat.COLUMNS)
+
+
+def cli(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def table(rows: list[tuple]) -> pd.DataFrame:
+    """(instance, throughput, on-demand $/h, spot $/h or None) -> a throughput table."""
+    return pd.DataFrame(
+        [
+            {
+                "provider": "x",
+                "instance": name,
+                "gpu": "H100-SXM",
+                "gpus": 1,
+                "nodes": 1,
+                "throughput_samples_per_s": tput,
+                "ondemand_usd_per_h": od,
+                "spot_usd_per_h": spot,
+                "price_date": "2026-11-01",
+            }  # fmt: skip
+            for name, tput, od, spot in rows
+        ]
+    )
+
+
+# Time for 3.6e6 samples = 1000 / throughput hours. fast: 1 h $10; mid: 2 h $6; slow: 4 h $4;
+# bad: 4 h $8 (dominated by slow); knee sits at mid.
+BASIC = table(
+    [
+        ("fast", 1000.0, 10.0, None),
+        ("mid", 500.0, 3.0, None),
+        ("slow", 250.0, 1.0, None),
+        ("bad", 250.0, 2.0, None),
+    ]  # fmt: skip
+)
+SAMPLES = 3.6e6
+
+
+def by_instance(options: pd.DataFrame, name: str, pricing: str = "on-demand") -> pd.Series:
+    return options[(options["instance"] == name) & (options["pricing"] == pricing)].iloc[0]
+
+
+# ------------------------------------------------------------------------------- catalog
+def test_bundled_catalog_covers_the_gpus_and_providers():
+    rows = cat.load_instances()
+    assert {"aws", "gcp"} <= {r.provider for r in rows}
+    gpus = {r.gpu for r in rows}
+    for name in ("T4", "V100", "A10G", "L4", "A100 40GB", "A100 80GB", "H100", "H200"):
+        assert find_gpu(name).gpu in gpus, name
+    for r in rows:
+        assert r.source.startswith("https://") and r.ondemand_usd_per_h > 0
+        date.fromisoformat(r.price_date)
+    assert any(r.spot_usd_per_h for r in rows)
+    # Figures not checked against a dated page say so.
+    assert all("unverified" in r.note for r in rows if r.price_date == "2026-11-25")
+
+
+def test_user_catalog_adds_and_overrides(tmp_path):
+    extra = tmp_path / "mine.csv"
+    extra.write_text(
+        HEADER + "\naws,p5.48xlarge,H100,8,192,2048,3200,40,20,0.1,us-east-1,2026-11-20,x,\n"
+        "lab,box,h200,2,32,256,100,5,,,home,2026-11-20,x,mine\n"
+    )
+    rows = {(r.provider, r.instance): r for r in cat.load_instances(extra)}
+    assert rows[("aws", "p5.48xlarge")].ondemand_usd_per_h == 40.0
+    assert rows[("aws", "p5.48xlarge")].revocations_per_h == 0.1
+    assert rows[("lab", "box")].gpu == "H200" and rows[("lab", "box")].spot_usd_per_h is None
+
+
+@pytest.mark.parametrize(
+    "row,fragment",
+    [
+        ("lab,box,B9000,1,8,64,10,1,,,r,2026-11-20,x,", "unknown GPU 'B9000'"),
+        ("lab,box,H100,1,8,64,10,-1,,,r,2026-11-20,x,", "ondemand_usd_per_h"),
+        ("lab,box,H100,1,8,64,10,1,,,r,last week,x,", "price_date"),
+    ],
+)
+def test_bad_user_catalog_rows(tmp_path, row, fragment):
+    extra = tmp_path / "bad.csv"
+    extra.write_text(HEADER + "\n" + row + "\n")
+    with pytest.raises(UsageError, match=fragment):
+        cat.load_instances(extra)
+
+
+def test_stale_warning_after_90_days():
+    assert cat.stale_warning("2026-11-01", today=date(2026, 11, 25)) is None
+    assert cat.stale_warning("2026-08-27", today=date(2026, 11, 25)) is None  # 90 days
+    msg = cat.stale_warning("2026-08-01", today=date(2026, 11, 25))
+    assert msg and "116 days old" in msg and "--catalog" in msg
+
+
+# ------------------------------------------------------------------------------- Pareto
+def test_pareto_front_by_brute_force():
+    rng = np.random.default_rng(0)
+    t, c = rng.random(60), rng.random(60)
+    t[5], c[5] = t[4], c[4]  # a duplicate point: both stay on the front or both leave it
+    mask = pareto_mask(t, c)
+    for i in range(60):
+        dominated = any(
+            t[j] <= t[i] and c[j] <= c[i] and (t[j] < t[i] or c[j] < c[i]) for j in range(60)
+        )
+        assert mask[i] == (not dominated)
+    assert mask[4] == mask[5]
+
+
+def test_options_times_costs_and_front():
+    a = advise(BASIC, SAMPLES)
+    o = a.options
+    assert by_instance(o, "fast")["time_h"] == pytest.approx(1.0)
+    assert by_instance(o, "mid")["cost_usd"] == pytest.approx(6.0)
+    assert by_instance(o, "slow")["cost_usd_p90"] == pytest.approx(4.0)
+    assert dict(zip(o["instance"], o["pareto"], strict=True)) == {
+        "fast": True, "mid": True, "slow": True, "bad": False}  # fmt: skip
+    assert list(o["time_h"]) == sorted(o["time_h"])
+
+
+# ------------------------------------------------------------------------ recommendation
+@pytest.mark.parametrize(
+    "deadline,budget,pick,why",
+    [
+        (2.5, None, "mid", "cheapest that finishes within 2.5 h"),
+        (10.0, None, "slow", "cheapest"),
+        (0.5, None, "fast", "no configuration meets the deadline"),
+        (None, 7.0, "mid", "fastest that stays within $7"),
+        (None, 100.0, "fast", "fastest"),
+        (None, 3.0, "slow", "no configuration stays within $3"),
+        (4.5, 5.0, "slow", "within the budget"),
+        (3.0, 5.0, "fast", "no configuration meets the deadline and the budget"),
+        (None, None, "mid", "knee"),
+    ],
+)
+def test_recommendation(deadline, budget, pick, why):
+    a = advise(BASIC, SAMPLES, deadline, budget)
+    assert a.options.loc[a.recommended, "instance"] == pick
+    assert why in a.reason
+
+
+def test_knee_of_two_points_is_the_cheaper():
+    a = advise(table([("fast", 1000.0, 10.0, None), ("slow", 250.0, 1.0, None)]), SAMPLES)
+    assert a.options.loc[a.recommended, "instance"] == "slow"
+
+
+def test_empty_options_recommend_nothing():
+    assert recommend(advise(BASIC, SAMPLES).options.iloc[0:0], 1.0, None)[0] is None
+
+
+# --------------------------------------------------------------------------------- spot
+def test_spot_options_only_where_priced():
+    t = table([("a", 1000.0, 10.0, 3.0), ("b", 500.0, 3.0, None)])
+    assert set(advise(t, SAMPLES).options["pricing"]) == {"on-demand"}
+    o = advise(t, SAMPLES, spot=SpotParams(60.0, 300.0, 0.2)).options
+    assert list(o[o["pricing"] == "spot"]["instance"]) == ["a"]
+    spot = by_instance(o, "a", "spot")
+    assert spot["time_h_p90"] >= spot["time_h"] > 1.0  # restarts and checkpoints cost time
+    assert spot["cost_usd"] == pytest.approx(spot["time_h"] * 3.0)
+
+
+def test_spot_without_revocations_is_the_on_demand_time_at_the_spot_price():
+    t = table([("a", 1000.0, 10.0, 3.0)])
+    o = advise(t, SAMPLES, spot=SpotParams(60.0, 300.0, 0.0)).options
+    od, spot = by_instance(o, "a"), by_instance(o, "a", "spot")
+    assert spot["time_h"] == spot["time_h_p90"] == pytest.approx(od["time_h"])
+    assert spot["cost_usd"] == pytest.approx(3.0)
+
+
+def test_spot_rate_from_the_catalog_then_the_default():
+    t = table([("a", 1000.0, 10.0, 3.0), ("b", 1000.0, 10.0, 3.0)])
+    t["revocations_per_h"] = [2.0, None]
+    o = advise(t, SAMPLES, spot=SpotParams(60.0, 300.0)).options
+    assert by_instance(o, "a", "spot")["revocations_per_h"] == 2.0
+    assert by_instance(o, "b", "spot")["revocations_per_h"] == cat.DEFAULT_REVOCATIONS_PER_H
+    assert by_instance(o, "a", "spot")["time_h"] > by_instance(o, "b", "spot")["time_h"]
+
+
+@pytest.mark.parametrize(
+    "kwargs,fragment",
+    [
+        ({}, "--samples N, or --epochs E --dataset-size D"),
+        ({"samples": 10, "deadline_h": -1.0}, "--deadline"),
+        ({"samples": 10, "budget_usd": 0.0}, "--budget"),
+        ({"epochs": 2.0}, "--dataset-size"),
+        ({"samples": 10, "epochs": 2.0, "dataset_size": 5}, "not both"),
+    ],
+)
+def test_config_rejects_bad_input(kwargs, fragment):
+    with pytest.raises(UsageError, match=fragment):
+        AdviseConfig(**kwargs)
+    assert AdviseConfig(epochs=2, dataset_size=5).total_samples == 10
+
+
+# ---------------------------------------------------------------------------------- CLI
+@pytest.fixture
+def small_catalog(tmp_path, monkeypatch):
+    """The bundled catalog replaced by three instances (fast tests), dated ``date``."""
+
+    def make(day: str = date.today().isoformat()) -> Path:
+        path = tmp_path / "instances.csv"
+        path.write_text(
+            HEADER + f"\naws,p5.48xlarge,H100-SXM,8,192,2048,3200,55.04,20,,us-east-1,{day},x,\n"
+            f"aws,g5.xlarge,A10G,1,4,16,10,1.006,0.4,0.1,us-east-1,{day},x,\n"
+            f"gcp,n1+T4,T4,1,8,30,16,0.73,,,us-central1,{day},x,\n"
+        )
+        monkeypatch.setattr(cat, "INSTANCES_PATH", path)
+        return path
+
+    return make
+
+
+def test_advise_json_contract(capsys, small_catalog):
+    small_catalog()
+    code, out, err = cli(capsys, "advise", str(SYNTHETIC), "--samples", "1e7", "--spot",
+                         "--deadline", "10", "--json")  # fmt: skip
+    assert code == 0, err
+    doc = json.loads(out)
+    assert {"catalog_date", "options", "recommended"} <= doc.keys()
+    assert doc["catalog_date"] == date.today().isoformat() and not doc["warnings"]
+    for opt in doc["options"]:
+        assert opt.keys() >= OPTION_KEYS
+        assert opt["time_h_p90"] >= opt["time_h"] and opt["cost_usd_p90"] >= opt["cost_usd"]
+    assert {(o["instance"], o["pricing"]) for o in doc["options"]} == {
+        ("p5.48xlarge", "on-demand"), ("p5.48xlarge", "spot"),
+        ("g5.xlarge", "on-demand"), ("g5.xlarge", "spot")}  # fmt: skip
+    assert doc["skipped"][0]["instance"] == "n1+T4" and "bf16" in doc["skipped"][0]["reason"]
+    rec = doc["recommended"]
+    assert rec in doc["options"] and rec["time_h_p90"] <= 10
+    assert rec["cost_usd"] == min(o["cost_usd"] for o in doc["options"] if o["time_h_p90"] <= 10)
+    assert doc["spot"]["checkpoint_source"].startswith("modelled")
+
+
+def test_advise_table_names_the_pick(capsys, small_catalog):
+    small_catalog()
+    code, out, _ = cli(capsys, "advise", str(SYNTHETIC), "--epochs", "1", "--dataset-size", "1e6")
+    assert code == 2  # --dataset-size is a whole number
+    code, out, err = cli(capsys, "advise", str(SYNTHETIC), "--epochs", "1", "--dataset-size",
+                         "1000000", "--budget", "100")  # fmt: skip
+    assert code == 0, err
+    text = " ".join(out.split())  # the console wraps lines at its width
+    assert "pick: p5.48xlarge" in text and "fastest that stays within $100" in text
+
+
+def test_stale_catalog_warns(capsys, small_catalog):
+    small_catalog("2025-01-01")
+    code, out, err = cli(capsys, "advise", str(SYNTHETIC), "--samples", "1e6")
+    assert code == 0 and "days old" in err and "prices of 2025-01-01" in out
+    code, out, _ = cli(capsys, "advise", str(SYNTHETIC), "--samples", "1e6", "--json")
+    assert "days old" in json.loads(out)["warnings"][0]
+
+
+def test_workload_name_uses_the_newest_finished_run(capsys, small_catalog, gpulens_home):
+    small_catalog()
+    code, _, err = cli(capsys, "advise", "resnet50", "--samples", "1e6")
+    assert code == 2 and "run `gpulens run resnet50` first" in err
+    assert len(err.strip().splitlines()) == 1
+    shutil.copytree(SYNTHETIC, gpulens_home / "runs" / SYNTHETIC.name)
+    code, out, err = cli(capsys, "advise", "resnet50", "--samples", "1e6", "--json")
+    assert code == 0, err
+    assert json.loads(out)["source_run"] == "20261123-122221-e3c380"
+
+
+@pytest.mark.parametrize(
+    "args,fragment",
+    [
+        (["--samples", "1e6", "--deadline", "-1"], "--deadline"),
+        ([], "--samples N, or --epochs E --dataset-size D"),
+        (["--samples", "1e6", "--catalog", "BAD"], "unknown GPU 'B9000'"),
+        (["--samples", "1e6", "--catalog", "missing.csv"], "cannot read instance catalog"),
+        (["--samples", "1e6", "--spot", "--checkpoint-s", "-5"], "--checkpoint-s"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(capsys, tmp_path, args, fragment):
+    bad = tmp_path / "bad.csv"
+    bad.write_text(HEADER + "\nlab,box,B9000,1,8,64,10,1,,,r,2026-11-20,x,\n")
+    args = [str(bad) if a == "BAD" else a for a in args]
+    code, out, err = cli(capsys, "advise", str(SYNTHETIC), *args)
+    assert code == 2 and fragment in err, err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_max_nodes_adds_multi_node_options(capsys, small_catalog):
+    small_catalog()
+    code, out, err = cli(capsys, "advise", str(SYNTHETIC), "--samples", "1e7", "--max-nodes",
+                         "2", "--spot", "--revocations-per-h", "0.5", "--json")  # fmt: skip
+    assert code == 0, err
+    opts = {(o["instance"], o["nodes"], o["pricing"]): o for o in json.loads(out)["options"]}
+    one, two = opts[("p5.48xlarge", 1, "on-demand")], opts[("p5.48xlarge", 2, "on-demand")]
+    assert two["time_h"] < one["time_h"] and two["cost_usd"] > one["cost_usd"] * 0.9
+    # Any of two nodes can be revoked: twice the rate of one.
+    assert opts[("p5.48xlarge", 2, "spot")]["revocations_per_h"] == pytest.approx(1.0)

@@ -1,0 +1,366 @@
+"""`gpulens predict` and `gpulens fit` on records measured on an H100 (tests/fixtures): the
+roofline per kernel and per step, the ring all-reduce, the data pipeline, the regression, and
+the one-line errors."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+
+from gpulens.cli import main
+from gpulens.errors import UsageError
+from gpulens.predict import fit, roofline
+from gpulens.predict.allreduce import RingModel, ddp_buckets
+from gpulens.predict.catalog import find_gpu
+from gpulens.predict.communication import ALPHA_INTRA_S, LINK_EFFICIENCY
+from gpulens.predict.features import model_size
+from gpulens.predict.predictor import Prediction, Target, predict_run
+from gpulens.predict.roofline import Hardware, Kernel
+from gpulens.predict.trace import op_flops_bytes, read_kernels
+from gpulens.record.reader import read_record
+
+FIXTURES = Path(__file__).parent / "fixtures"
+SYNTHETIC = FIXTURES / "record_h100_resnet50_synthetic"  # resnet50 bf16 b128, data on the GPU
+CACHED = FIXTURES / "stalls_h100_resnet50_s8" / "20261124-082105-01408d"  # loader-bound, w8
+# resnet50 bf16 b128 ingestion-free on an H200, benchmarks/results/stalls-defaults-*-H200*.json
+H200_MEASURED_SAMPLES_PER_S = (4349.2, 4368.8)
+H100 = Hardware(989.4e12, 3350e9)
+H200 = Hardware(989.4e12, 4800e9)
+A100 = Hardware(312e12, 2039e9)
+CONTRACT = {
+    "source_run", "target", "step_time_s", "throughput_samples_per_s", "components_s",
+    "validated_error_pct",
+}  # fmt: skip
+
+
+def copy_record(src: Path, dest: Path, **summary) -> Path:
+    shutil.copytree(src, dest)
+    meta = json.loads((dest / "run.json").read_text())
+    meta["summary"].update(summary)
+    (dest / "run.json").write_text(json.dumps(meta))
+    return dest
+
+
+def cli(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+# --------------------------------------------------------------------------- Target
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"gpu": ""},
+        {"gpu": "H100", "gpus": 0},
+        {"gpu": "H100", "gpus": True},
+        {"gpu": "H100", "nodes": 2},
+        {"gpu": "H100", "network_gbps": -1.0},
+    ],
+)
+def test_target_rejects_bad_values(kwargs):
+    with pytest.raises(UsageError):
+        Target(**kwargs)
+
+
+# --------------------------------------------------------------------------- roofline
+def test_memory_bound_kernel_scales_with_bandwidth_and_compute_bound_with_peak():
+    copy = Kernel("void at::native::vectorized_elementwise_kernel<4>", 100e-6)
+    gemm = Kernel("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", 100e-6)
+    assert copy.bound(H100) == "memory" and gemm.bound(H100) == "compute"
+    assert copy.scaled_s(H100, H200) == pytest.approx(100e-6 * 3350 / 4800)
+    assert gemm.scaled_s(H100, H200) == pytest.approx(100e-6)  # same peak
+    assert gemm.scaled_s(H100, A100) == pytest.approx(100e-6 * 989.4 / 312)
+    assert copy.scaled_s(H100, A100) == pytest.approx(100e-6 * 3350 / 2039)
+    tiny = Kernel("vectorized_elementwise_kernel", 2e-6)  # launch-latency bound: kept
+    assert tiny.scaled_s(H100, A100) == pytest.approx(2e-6)
+
+
+def test_arithmetic_intensity_overrides_the_name():
+    # A GEMM at 10 FLOP/byte is below the H100's ridge (295 FLOP/byte): bound by bandwidth.
+    skinny = Kernel("sm90_xmma_gemm", 50e-6, "aten::mm", flops=1e9, nbytes=1e8)
+    assert skinny.bound(H100) == "memory"
+    assert skinny.scaled_s(H100, H200) == pytest.approx(50e-6 * 3350 / 4800)
+    fat = Kernel("elementwise", 50e-6, "aten::mm", flops=1e12, nbytes=1e8)
+    assert fat.bound(H100) == "compute"
+    assert fat.scaled_s(H100, A100) == pytest.approx(50e-6 * 989.4 / 312)
+
+
+def test_whole_step_split_from_flops_and_gpm_bytes():
+    step = roofline.split_step(0.034, flops=3.11e12, nbytes=0.5266 * 3350e9 * 0.034, source=H100)
+    assert step.compute_frac == pytest.approx(3.11e12 / 989.4e12 / 0.034)
+    assert step.memory_frac == pytest.approx(0.5266)
+    expected = step.compute_frac + step.memory_frac * 3350 / 4800 + step.latency_frac
+    assert step.ratio(H100, H200) == pytest.approx(expected)
+    assert 3350 / 4800 < step.ratio(H100, H200) < 1.0
+    unknown = roofline.split_step(0.034, flops=3.11e12, nbytes=None, source=H100)
+    assert not unknown.bytes_measured and unknown.memory_frac > 0
+
+
+# --------------------------------------------------------------------------- trace
+def test_op_flops_from_recorded_shapes():
+    mm = {"Input Dims": [[64, 128], [128, 32]], "Input type": ["c10::BFloat16", "c10::BFloat16"]}
+    flops, nbytes = op_flops_bytes("aten::mm", mm)
+    assert flops == 2 * 64 * 128 * 32
+    conv = {
+        "Input Dims": [[8, 3, 64, 64], [16, 3, 3, 3], [], [], [], [], []],
+        "Input type": ["float", "float", "", "ScalarList", "ScalarList", "ScalarList", "Scalar"],
+        "Concrete Inputs": ["", "", "", "[1, 1]", "[2, 2]", "[1, 1]", "1"],
+    }  # as torch 2.11 records aten::mkldnn_convolution (padding 1, stride 2)
+    flops, nbytes = op_flops_bytes("aten::mkldnn_convolution", conv)
+    assert flops == 2 * 8 * 16 * 32 * 32 * 3 * 3 * 3
+    assert nbytes == 4 * (8 * 3 * 64 * 64 + 16 * 3 * 3 * 3 + 8 * 16 * 32 * 32)
+    assert op_flops_bytes("aten::relu_", {"Input Dims": [[8, 16]]}) == (None, None)
+
+
+def _event(cat: str, name: str, ext: int, dur_us: float, **args) -> dict:
+    return {"ph": "X", "cat": cat, "name": name, "ts": 0, "dur": dur_us,
+            "args": {"External id": ext, **args}}  # fmt: skip
+
+
+def _trace(path: Path, kernels: list[tuple[str, float, int]], ops: dict[int, dict]) -> Path:
+    """A torch-profiler-format trace (hand-made: no GPU trace is committed yet)."""
+    events = [_event("cpu_op", op["name"], ext, 1, **op.get("args", {})) for ext, op in ops.items()]
+    events += [_event("kernel", name, ext, dur) for name, dur, ext in kernels]
+    events.append(_event("gpu_memcpy", "Memcpy HtoD (Pageable -> Device)", 99, 500.0))
+    path.write_text(json.dumps({"traceEvents": events}))
+    return path
+
+
+def test_read_kernels_links_ops_and_leaves_out_host_copies(tmp_path):
+    mm = {"Input Dims": [[4096, 4096], [4096, 4096]], "Input type": ["c10::BFloat16"] * 2}
+    path = _trace(
+        tmp_path / "t.json",
+        [("sm90_xmma_gemm", 300.0, 1), ("vectorized_elementwise_kernel", 100.0, 2)],
+        {1: {"name": "aten::mm", "args": mm}, 2: {"name": "aten::add_"}},
+    )
+    kernels = read_kernels(path)
+    assert [k.op for k in kernels] == ["aten::mm", "aten::add_"]
+    assert kernels[0].flops == 2 * 4096**3 and kernels[1].flops is None
+    scaled = roofline.scale_kernels(kernels, 1, H100, A100)
+    assert scaled.busy_s_per_step == pytest.approx(400e-6)
+    assert scaled.seconds_by_bound["compute"] == pytest.approx(300e-6)
+
+
+def test_kernel_method_from_a_profiler_window(tmp_path):
+    """The run's kernels: 20 ms of GEMMs and 10 ms of elementwise per step, on an H100."""
+    rec = copy_record(SYNTHETIC, tmp_path / "run")
+    meta = json.loads((rec / "run.json").read_text())
+    meta["torch_profiler"] = {"steps": 2, "file": "torch_trace.json"}
+    (rec / "run.json").write_text(json.dumps(meta))
+    _trace(rec / "torch_trace.json",
+           [("sm90_xmma_gemm", 20000.0, 1), ("elementwise_kernel", 10000.0, 2)] * 2,
+           {1: {"name": "aten::convolution"}, 2: {"name": "aten::add_"}})  # fmt: skip
+    record = read_record(rec)
+    p = predict_run(record, Target("A100"))
+    assert p.method == "kernel_roofline" and p.validated_error_pct is None
+    s = record.meta["summary"]["phases_s"]
+    gpu_s = min(record.series("steps")["gpu_step_time_s"].median(), s["compute"])
+    busy = min(1.0, 0.030 / gpu_s)
+    ratio = (0.020 * 989.4 / 312 + 0.010 * 3350 / 2039) / 0.030
+    expected_gpu = gpu_s * (busy * ratio + 1 - busy)
+    assert p.components_s["compute"] == pytest.approx(
+        expected_gpu + (s["compute"] - gpu_s) + max(0.0, s["step"] - sum(
+            s[k] for k in ("data_wait", "h2d", "compute"))), rel=1e-6
+    )  # fmt: skip
+
+
+# --------------------------------------------------------------------------- predict_run
+@pytest.mark.parametrize("fixture", [SYNTHETIC, CACHED])
+def test_same_gpu_returns_the_measured_step(fixture):
+    record = read_record(fixture)
+    s = record.meta["summary"]
+    p = predict_run(record, Target("H100"))
+    assert isinstance(p, Prediction) and p.method == "same_gpu"
+    assert p.step_time_s == pytest.approx(s["phases_s"]["step"], rel=1e-9)
+    assert p.throughput_samples_per_s == pytest.approx(s["batch_size"] / p.step_time_s)
+    assert sum(p.components_s.values()) == pytest.approx(p.step_time_s)
+    assert p.components_s["communication"] == 0.0
+
+
+def test_h100_run_predicts_the_h200_measurement():
+    """Golden: the H100 record against what an H200 measured (committed results)."""
+    p = predict_run(read_record(SYNTHETIC), Target("H200"))
+    assert p.method == "whole_step_roofline" and p.source_gpu == "H100-SXM"
+    measured = sum(H200_MEASURED_SAMPLES_PER_S) / 2
+    assert abs(p.throughput_samples_per_s / measured - 1) < 0.05
+    naive = read_record(SYNTHETIC).meta["summary"]["throughput_samples_per_s"]
+    assert abs(naive / measured - 1) > 0.10  # the GPU swap matters: a no-op would fail
+    assert p.validated_error_pct is not None
+
+
+def test_two_gpus_add_the_ring_all_reduce():
+    record = read_record(SYNTHETIC)
+    one = predict_run(record, Target("H100"))
+    two = predict_run(record, Target("H100", gpus=2))
+    params, _ = model_size("resnet50")
+    grad = params * 4
+    ring = RingModel(ALPHA_INTRA_S, 900 / 2 * 1e9 * LINK_EFFICIENCY)
+    expected = ring.allreduce_s(grad, 2, ddp_buckets(grad))
+    assert two.components_s["communication"] == pytest.approx(expected)
+    assert two.step_time_s == pytest.approx(one.step_time_s + expected)
+    assert two.throughput_samples_per_s == pytest.approx(256 / two.step_time_s)
+    assert any("uncalibrated" in n for n in two.notes)
+    nodes = predict_run(record, Target("H100", gpus=8, nodes=2, network_gbps=100))
+    net = RingModel(30e-6, 100e9 / 8 * 0.9).allreduce_s(grad, 16, ddp_buckets(grad))
+    assert nodes.components_s["communication"] == pytest.approx(net)
+
+
+def test_all_reduce_calibrated_on_stored_one_and_two_gpu_runs(gpulens_home):
+    runs = gpulens_home / "runs"
+    one = copy_record(SYNTHETIC, runs / "a")
+    meta = json.loads((one / "run.json").read_text())
+    phases = dict(meta["summary"]["phases_s"])
+    # The 2-GPU run's steps are 0.1 ms longer: a third of the ring's modelled time.
+    phases.update(compute=phases["compute"] + 1e-4, step=phases["step"] + 1e-4)
+    two = copy_record(SYNTHETIC, runs / "b", gpus=2, phases_s=phases)
+    meta2 = json.loads((two / "run.json").read_text())
+    meta2["run_id"] = "two-gpus"
+    (two / "run.json").write_text(json.dumps(meta2))
+    p = predict_run(read_record(one), Target("H100", gpus=2))
+    params, _ = model_size("resnet50")
+    ring = RingModel(ALPHA_INTRA_S, 450e9 * LINK_EFFICIENCY)
+    full = ring.allreduce_s(params * 4, 2, ddp_buckets(params * 4))
+    assert p.components_s["communication"] == pytest.approx(1e-4, rel=0.02)
+    assert p.components_s["communication"] < full
+    assert any(meta["run_id"] in n and "two-gpus" in n for n in p.notes)
+
+
+def test_loader_bound_run_keeps_the_loader_pace():
+    record = read_record(CACHED)
+    step = record.meta["summary"]["phases_s"]["step"]
+    faster = predict_run(record, Target("H200"))  # the GPU waits longer for the same loader
+    assert faster.step_time_s == pytest.approx(step)
+    assert faster.components_s["data"] > predict_run(record, Target("H100")).components_s["data"]
+    slower = predict_run(record, Target("A10G"))  # 70 TFLOP/s: compute now outlasts the loader
+    assert slower.step_time_s > step
+    assert slower.components_s["data"] == pytest.approx(record.meta["summary"]["phases_s"]["h2d"])
+    assert faster.validated_error_pct >= 13.0  # the loader-bound figure, not the GPU-bound one
+    assert faster.loader_bound and faster.as_dict()["loader_bound"] is True
+
+
+def test_missing_peak_for_the_precision_is_a_usage_error():
+    with pytest.raises(UsageError, match="bf16"):
+        predict_run(read_record(SYNTHETIC), Target("T4"))  # no BF16 on a T4
+
+
+# --------------------------------------------------------------------------- CLI
+def test_predict_json_contract(capsys):
+    args = ["predict", str(SYNTHETIC), "--gpu", "H200", "--gpus", "2", "--json"]
+    code, out, err = cli(capsys, *args)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc.keys() >= CONTRACT
+    assert set(doc["components_s"]) == {"compute", "communication", "data"}
+    assert doc["target"] == {"gpu": "H200", "gpus": 2, "nodes": 1, "network_gbps": None}
+    assert math.isclose(sum(doc["components_s"].values()), doc["step_time_s"], rel_tol=1e-9)
+    assert doc["method"] == "whole_step_roofline" and doc["source_gpu"] == "H100-SXM"
+
+
+def test_predict_table(capsys):
+    code, out, _ = cli(capsys, "predict", str(SYNTHETIC), "--gpu", "H200")
+    assert code == 0 and "whole_step_roofline" in out and "samples/s" in out
+
+
+@pytest.mark.parametrize(
+    "args,fragment",
+    [
+        (["--gpu", "B9000"], "unknown GPU 'B9000'"),
+        (["--gpu", "H100", "--nodes", "2"], "--network-gbps"),
+        (["--gpu", "H100", "--gpus", "0"], "--gpus"),
+    ],
+)
+def test_predict_bad_input_exits_2_with_one_line(capsys, args, fragment):
+    code, out, err = cli(capsys, "predict", str(SYNTHETIC), *args)
+    assert code == 2 and fragment in err and len(err.strip().splitlines()) == 1
+
+
+def test_run_without_steps_exits_2(capsys, tmp_path):
+    rec = copy_record(SYNTHETIC, tmp_path / "r", measured_steps=0, phases_s={})
+    code, out, err = cli(capsys, "predict", str(rec), "--gpu", "H200")
+    assert code == 2 and "no measured training steps" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_cpu_run_exits_2(capsys, tmp_path):
+    rec = copy_record(SYNTHETIC, tmp_path / "r", gpu=None, device="cpu")
+    meta = json.loads((rec / "run.json").read_text())
+    meta["environment"]["gpu_model"] = None
+    (rec / "run.json").write_text(json.dumps(meta))
+    code, out, err = cli(capsys, "predict", str(rec), "--gpu", "H200", "--json")
+    assert code == 2 and "ran on no GPU" in json.loads(out)["error"]["message"]
+
+
+def test_fit_with_too_few_runs_says_how_many(capsys):
+    code, out, err = cli(capsys, "fit")
+    assert code == 2 and f"at least {fit.MIN_RUNS}" in err and "has 0" in err
+
+
+# --------------------------------------------------------------------------- fit
+CASES = [  # (workload, batch, gpu): cheap built-in models
+    (w, b, g)
+    for w in ("resnet18", "resnet50", "mobilenet_v3_small", "gpt2_tiny")
+    for b in (32, 128)
+    for g in ("NVIDIA H100 80GB HBM3", "NVIDIA H200")
+]
+
+
+def _law_step_s(workload: str, batch: int, gpu: str) -> float:
+    """A known power law that the regression must recover."""
+    params, layers = model_size(workload)
+    bw = find_gpu(gpu).mem_bw_gb_s
+    return 2e-9 * params**0.3 * layers**0.5 * batch**0.9 * (3350 / bw) ** 0.6
+
+
+def test_fit_recovers_a_power_law_on_held_out_workloads(gpulens_home, capsys):
+    for i, (w, b, g) in enumerate(CASES):
+        step = _law_step_s(w, b, g)
+        rec = copy_record(SYNTHETIC, gpulens_home / "runs" / f"r{i:02d}", workload=w,
+                          batch_size=b, flops_per_sample=1e9,
+                          phases_s={"data_wait": 0.0, "h2d": 0.0, "compute": step, "step": step},
+                          gpu={"name": g, "dram_bw_util_pct": 50.0})  # fmt: skip
+        meta = json.loads((rec / "run.json").read_text())
+        meta["run_id"] = f"r{i:02d}"
+        (rec / "run.json").write_text(json.dumps(meta))
+    code, out, err = cli(capsys, "fit", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["validation"] == "leave-one-workload-out" and doc["runs"] == len(CASES)
+    assert doc["heldout_mape_pct"] < 1.0
+    assert Path(doc["model_path"]).is_file() and gpulens_home in Path(doc["model_path"]).parents
+    model = fit.load_model()
+    assert model is not None and model.gpus == ("H100-SXM", "H200")
+    # predict now uses it for the GPU swap (held-out error below the roofline's)
+    p = predict_run(read_record(gpulens_home / "runs" / "r03"), Target("H100"))
+    assert p.method == "regression"
+    measured = _law_step_s(*CASES[2])
+    assert p.step_time_s == pytest.approx(measured, rel=0.02)
+
+
+def test_mfu_peaks_agree_with_the_catalog():
+    """probes/gpu_specs.py (MFU, on the measuring side) and the catalog (prediction) must not
+    drift apart: every peak both know is the same."""
+    from gpulens.predict.catalog import gpu_catalog
+    from gpulens.probes.gpu_specs import peak_flops
+
+    for row in gpu_catalog().itertuples():
+        for precision in ("fp32", "tf32", "bf16", "fp16"):
+            ours = getattr(row, f"{precision}_tflops")
+            theirs = peak_flops(row.gpu.replace("-", " "), precision)
+            if ours == ours and ours and theirs:  # both known (NaN != NaN)
+                assert theirs == pytest.approx(ours * 1e12), (row.gpu, precision)
+
+
+def test_validated_figure_is_the_committed_benchmark_result():
+    """The error `predict` shows is the one benchmarks/predict_validation.py measured."""
+    from gpulens.predict.validation import VALIDATED
+
+    results = Path(__file__).parents[1] / "benchmarks" / "results"
+    doc = json.loads(next(results.glob("predict_validation-committed-*.json")).read_text())
+    figure = VALIDATED["whole_step_roofline"].mape_pct
+    assert figure == pytest.approx(doc["gpu_bound_1gpu_mape_pct"], abs=0.05)
+    assert VALIDATED["whole_step_roofline"].cases == doc["mape"]["resnet50 gpu_bound 1gpu"]["cases"]

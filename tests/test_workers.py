@@ -1,0 +1,184 @@
+"""`gpulens allocate-workers`: curves from the store's runs (measured or predicted), the
+allocation (greedy marginal gain, exact DP) against an even split, and the CLI."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpulens.cli import main
+from gpulens.errors import UsageError
+from gpulens.predict.workers import (
+    Curve,
+    _values,
+    allocate,
+    curve_for_job,
+    dynamic_programme,
+    even_split,
+    greedy,
+    predicted_curve,
+)
+
+FIXTURES = Path(__file__).parent / "fixtures"
+LOADER_RUN = FIXTURES / "stalls_h100_resnet50_s8" / "20261124-082105-01408d"  # 8 workers
+
+
+def saturating(job: str, per_worker: float, ceiling: float, cpus: int) -> Curve:
+    """A concave curve: linear in the workers until the GPU's ceiling."""
+    ws = tuple(range(1, cpus + 1))
+    return Curve(job, ws, tuple(min(per_worker * w, ceiling) for w in ws), "measured")
+
+
+def brute_force(curves: list[Curve], cpus: int, objective: str) -> float:
+    values = _values(curves, cpus, objective)
+    best = -np.inf
+    for alloc in itertools.product(range(1, cpus + 1), repeat=len(curves)):
+        if sum(alloc) <= cpus:
+            best = max(best, sum(values[j, w] for j, w in enumerate(alloc)))
+    return best
+
+
+# ------------------------------------------------------------------------------ curves
+def test_curve_interpolates_and_extrapolates_conservatively():
+    c = Curve("a", (2, 4, 8), (100.0, 180.0, 200.0), "measured")
+    assert c.at(1) == pytest.approx(50.0)  # below the first point: proportional
+    assert c.at(3) == pytest.approx(140.0)
+    assert c.at(16) == pytest.approx(200.0)  # beyond the last: flat
+
+
+@pytest.mark.parametrize(
+    "ws,ts", [((2, 1), (1.0, 2.0)), ((1, 1), (1.0, 1.0)), ((1,), (1.0, 2.0)), ((1,), (-1.0,))]
+)
+def test_bad_curves(ws, ts):
+    with pytest.raises(UsageError):
+        Curve("a", ws, ts, "measured")
+
+
+def test_predicted_curve_from_a_loader_bound_run():
+    # 8 workers, step 0.1 s of which 0.06 s waiting, batch 128: the GPU alone needs 0.04 s.
+    c = predicted_curve("a", 128, 0.1, 0.06, 8, 32)
+    assert c.at(8) == pytest.approx(1280.0)  # what the run measured
+    assert c.at(4) == pytest.approx(640.0)  # linear below: loader-bound
+    assert c.at(32) == pytest.approx(128 / 0.04)  # the GPU's ceiling
+    assert c.source == "predicted" and "loader-bound" in c.note
+
+
+def test_measured_curve_from_runs_at_several_worker_counts():
+    def meta(workers: int, tput: float, status: str = "finished", data: str = "/img") -> dict:
+        return {
+            "status": status,
+            "effective_config": {"workload": "r", "data": data},
+            "summary": {
+                "workload": "r",
+                "workers": workers,
+                "batch_size": 64,
+                "measured_steps": 10,
+                "throughput_samples_per_s": tput,
+                "gpu": {"name": "H100"},
+            },  # fmt: skip
+        }
+
+    metas = [meta(2, 100), meta(2, 110), meta(2, 90), meta(8, 300), meta(4, 999, "failed"),
+             meta(4, 5000, data="synthetic")]  # fmt: skip
+    c = curve_for_job("r", metas, 16)
+    assert c.source == "measured" and c.workers == (2, 8)
+    assert c.throughput_samples_per_s == (100.0, 300.0)  # the median of three
+    one = curve_for_job("r", [meta(2, 100) | {"summary": {**meta(2, 100)["summary"],
+                              "phases_s": {"step": 0.64, "data_wait": 0.3}}}], 16)  # fmt: skip
+    assert one.source == "predicted"
+    with pytest.raises(UsageError, match="gpulens run q --data DIR --workers N"):
+        curve_for_job("q", metas, 16)
+
+
+# ------------------------------------------------------------------------------ allocation
+@pytest.mark.parametrize("objective", ["normalized", "samples"])
+def test_greedy_beats_an_even_split_on_unlike_concave_curves(objective):
+    cpus = 12
+    curves = [
+        saturating("hungry", 100.0, 1000.0, cpus),  # needs 10 workers to saturate
+        saturating("light", 400.0, 800.0, cpus),  # saturated at 2
+        saturating("middle", 150.0, 600.0, cpus),  # saturated at 4
+    ]
+    alloc = allocate(curves, cpus, objective, method="greedy")
+    assert sum(alloc.workers) == cpus and alloc.even_workers == (4, 4, 4)
+    assert alloc.value > alloc.even_value * 1.05 and alloc.gain_pct > 5
+    assert alloc.workers[0] > alloc.workers[1]  # the hungry job gets more
+    dp = allocate(curves, cpus, objective, method="dp")
+    assert dp.value == pytest.approx(alloc.value)  # greedy is optimal on concave curves
+    assert dp.value == pytest.approx(brute_force(curves, cpus, objective))
+
+
+@pytest.mark.parametrize("method", ["greedy", "dp"])
+def test_identical_curves_get_an_even_split(method):
+    ws = tuple(range(1, 10))
+    concave = [Curve(f"j{i}", ws, tuple(100 * w**0.5 for w in ws), "measured") for i in range(3)]
+    alloc = allocate(concave, 9, method=method)
+    assert alloc.workers == (3, 3, 3) and alloc.gain_pct == pytest.approx(0.0)
+    # Piecewise linear: other splits tie with the even one, which is kept.
+    flat_top = [saturating(f"j{i}", 100.0, 500.0, 9) for i in range(3)]
+    alloc = allocate(flat_top, 9, method=method)
+    assert alloc.workers == (3, 3, 3) and alloc.value == pytest.approx(alloc.even_value)
+
+
+def test_dp_is_exact_where_greedy_is_not():
+    # A convex step: nothing until 4 workers. Greedy sees no marginal gain and never starts.
+    step = Curve("step", (1, 3, 4, 6), (0.0, 0.0, 1000.0, 1000.0), "measured")
+    smooth = saturating("smooth", 30.0, 180.0, 6)
+    values = _values([step, smooth], 6, "samples")
+    dp, gr = dynamic_programme(values, 6), greedy(values, 6)
+    assert dp == (4, 2)
+    total = lambda a: sum(values[j, w] for j, w in enumerate(a))  # noqa: E731
+    assert total(dp) > total(gr)
+    assert total(dp) == pytest.approx(brute_force([step, smooth], 6, "samples"))
+
+
+def test_even_split_spreads_the_remainder():
+    assert even_split(3, 10) == (4, 3, 3) and sum(even_split(4, 17)) == 17
+
+
+def test_allocation_rejects_bad_input():
+    c = [saturating("a", 1.0, 2.0, 4)] * 3
+    with pytest.raises(UsageError, match="--cpus must be at least the number of jobs"):
+        allocate(c, 2)
+    with pytest.raises(UsageError, match="--objective"):
+        allocate(c, 4, "fairness")
+
+
+# ------------------------------------------------------------------------------ CLI
+def _store_run(home: Path, name: str, workers: int, tput: float) -> None:
+    dest = home / "runs" / name
+    shutil.copytree(LOADER_RUN, dest)
+    meta = json.loads((dest / "run.json").read_text())
+    meta["run_id"] = name
+    meta["summary"].update(workers=workers, throughput_samples_per_s=tput)
+    (dest / "run.json").write_text(json.dumps(meta))
+
+
+def test_cli_allocates_from_measured_and_predicted_curves(capsys, gpulens_home):
+    for i, (w, t) in enumerate([(2, 400.0), (4, 800.0), (8, 1300.0), (16, 1350.0)]):
+        _store_run(gpulens_home, f"r{i}", w, t)
+    code = main(["allocate-workers", "resnet50", "resnet50", "--cpus", "12", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    doc = json.loads(out)
+    assert [j["workers"] for j in doc["jobs"]] == [6, 6]  # the same curve twice: even
+    assert doc["jobs"][0]["curve"] == "measured" and "4 runs" in doc["jobs"][0]["curve_note"]
+    assert doc["aggregate"]["gain_pct"] == pytest.approx(0.0)
+    code = main(["allocate-workers", "resnet50", "--cpus", "8"])
+    out, err = capsys.readouterr()
+    assert code == 0 and "even split" in out
+
+
+def test_cli_without_runs_exits_2_with_one_line(capsys):
+    code = main(["allocate-workers", "resnet50", "--cpus", "4"])
+    err = capsys.readouterr().err
+    assert code == 2 and "gpulens run resnet50 --data DIR" in err
+    assert len(err.strip().splitlines()) == 1
+    code = main(["allocate-workers", "a", "b", "c", "--cpus", "2"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--cpus must be at least" in err
