@@ -8,6 +8,7 @@ import typer
 from rich.text import Text
 
 from gpulens.cli import common
+from gpulens.cli import nodes as common_nodes
 from gpulens.cli.common import DEVICE_HELP, JSON_HELP, SKIP_BAD_HELP
 from gpulens.errors import GpulensError, UsageError
 from gpulens.paths import gpulens_home, runs_dir
@@ -18,6 +19,7 @@ RUN_HELP = (
     "  gpulens run resnet50 --precision bf16 --data ./images --workers 15\n"
     "  gpulens run gpt2_tiny --steps 50 --device cpu --json\n"
     "  gpulens run resnet50 --precision bf16 --gpus 2 --nccl-transport socket\n"
+    "  gpulens run resnet50 --gpus 8 --nnodes 2 --node-rank 0 --master-addr 10.0.0.1\n"
     "  gpulens run -- python train.py --epochs 1"
 )
 DEMO_HELP = (
@@ -83,6 +85,10 @@ def train_json(result) -> dict[str, Any]:
     for key in ("skipped_samples", "skipped_files_total", "skipped_files"):
         if key in s:
             doc[key] = s[key]
+    # a node's shard of a multi-node run: its ranks, and the joined run (or how to join)
+    for key in ("nnodes", "node_rank", "world_size", "ranks", "join"):
+        if key in s:
+            doc[key] = s[key]
     return doc
 
 
@@ -136,6 +142,7 @@ def train_and_store(config, store: bool, kind: str = "train", label: str = "run"
             common.store_record(getattr(exc, "gpulens_record_dir", None), store)
             raise
     common.store_record(result.record_dir, store)
+    common_nodes.store_joined(result, store)  # a multi-node run node 0 joined
     return result
 
 
@@ -205,6 +212,10 @@ def run(
         help="With --gpus N: 'default' (P2P/NVLink) or 'socket' (NCCL over TCP, as between hosts).",
     ),
     ddp_bucket_mb: float = typer.Option(None, "--ddp-bucket-mb", help="DDP bucket size [25]."),
+    nnodes: int = typer.Option(None, "--nnodes", help=common_nodes.NNODES_HELP),
+    node_rank: int = typer.Option(None, "--node-rank", help=common_nodes.NODE_RANK_HELP),
+    master_addr: str = typer.Option(None, "--master-addr", help=common_nodes.MASTER_ADDR_HELP),
+    master_port: int = typer.Option(None, "--master-port", help=common_nodes.MASTER_PORT_HELP),
     worker_affinity: str = typer.Option(
         "os",
         "--worker-affinity",
@@ -259,8 +270,10 @@ def run(
         )
         return
 
+    from gpulens.launch.multinode import resolve_topology
     from gpulens.workloads.config import TrainConfig
 
+    nodes = resolve_topology(nnodes, node_rank, master_addr, master_port)
     warmup_steps = common.deprecated_alias(ctx, "warmup_steps", "old_warmup")
     bandwidth_mb_s = common.deprecated_alias(ctx, "storage_bandwidth_mb_s", "old_storage_bandwidth")
     config = TrainConfig(
@@ -285,6 +298,7 @@ def run(
         storage_bandwidth_bytes_per_s=common.mb_per_s_to_bytes(bandwidth_mb_s),
         skip_bad_samples=skip_bad_samples,
         torch_profiler_steps=torch_profiler,
+        nodes=nodes,
     )
     show_training(train_and_store(config, store, metrics=metrics), json_out)
 

@@ -436,3 +436,9 @@ def sync(
             soft_wrap=True,
         )
         raise typer.Exit(1)
+
+
+# ----------------------------------------------------------------------------- join
+from gpulens.cli.nodes import register_join  # noqa: E402  (its own module: multi-node runs)
+
+register_join(runs_app)

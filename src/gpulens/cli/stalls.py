@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from gpulens.cli import common
+from gpulens.cli import nodes as common_nodes
 from gpulens.cli.common import DEVICE_HELP, JSON_HELP, SKIP_BAD_HELP
 from gpulens.paths import runs_dir
 
@@ -44,6 +45,10 @@ def stalls(
     gpus: int = typer.Option(
         1, "--gpus", help="GPUs for the interconnect and network stalls (2 or more runs DDP)."
     ),
+    nnodes: int = typer.Option(None, "--nnodes", help=common_nodes.NNODES_HELP),
+    node_rank: int = typer.Option(None, "--node-rank", help=common_nodes.NODE_RANK_HELP),
+    master_addr: str = typer.Option(None, "--master-addr", help=common_nodes.MASTER_ADDR_HELP),
+    master_port: int = typer.Option(None, "--master-port", help=common_nodes.MASTER_PORT_HELP),
     workers: int = typer.Option(None, "--workers", help="Data-loader processes."),
     batch_size: int = typer.Option(None, "--batch-size", "-b", help="Samples per step."),
     device: str = typer.Option(None, "--device", help=DEVICE_HELP),
@@ -106,8 +111,10 @@ def stalls(
                 list(found.command), data, runs_dir(), progress=progress.phase
             )
     else:
+        from gpulens.launch.multinode import resolve_topology
         from gpulens.run import interrupts
 
+        nodes = resolve_topology(nnodes, node_rank, master_addr, master_port)
         with interrupts.held():  # a Ctrl-C during torch's import is lost or aborts the process
             import torch  # noqa: F401
         bandwidth_mb_s = common.deprecated_alias(
@@ -129,6 +136,7 @@ def stalls(
             storage_bandwidth_bytes_per_s=common.mb_per_s_to_bytes(bandwidth_mb_s),
             fetch_design=fetch_design,
             skip_bad_samples=skip_bad_samples,
+            nodes=nodes,
         )
         with common.progress("stalls", unit="steps") as progress:
 

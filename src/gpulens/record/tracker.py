@@ -146,6 +146,7 @@ def combine(docs: Mapping[int, dict[str, Any]], world_size: int, pct: float) -> 
             {
                 "rank": r,
                 "local_rank": d.get("local_rank"),
+                "node_rank": d.get("node_rank"),  # multi-node built-in runs (record.join)
                 "hostname": d.get("hostname"),
                 "status": d.get("status"),
                 "error": d.get("error"),

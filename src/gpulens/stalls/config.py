@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpulens.data.affinity import WORKER_AFFINITIES
 from gpulens.errors import UsageError
+from gpulens.launch.multinode import NodeTopology
 from gpulens.stats import bounded_interval, rate_ci95
 
 if TYPE_CHECKING:
@@ -50,6 +51,9 @@ class StallsConfig:
     fetch_design: str = "auto"  # one of FETCH_DESIGNS
     # Images that cannot be decoded: stop (False) or put the next readable one in their place.
     skip_bad_samples: bool = False
+    # The interconnect run over several nodes (``gpus`` processes each); the other runs stay
+    # on this node. Every node runs the whole breakdown.
+    nodes: NodeTopology | None = None
 
     def __post_init__(self) -> None:
         if self.data == "synthetic":

@@ -226,18 +226,20 @@ def run_stalls(
         repeats["cold"] = [cold]
         cost_s["cold"] = time.perf_counter() - t_run0
     multi = multi_socket = None
-    if config.gpus > 1:
+    if config.gpus > 1 or config.nodes is not None:
         multi_common = dict(
             data="synthetic",
             gpus=config.gpus,
+            nodes=config.nodes,
             count_flops=False,
             device="cpu" if (config.device or "").startswith("cpu") else None,
             **budget,
         )
         multi = train("multi_gpu", **multi_common)
+        procs = config.gpus * (config.nodes.nnodes if config.nodes else 1)
         if multi_common["device"] == "cpu":
             result.notes.append(
-                f"interconnect: {config.gpus} CPU processes over gloo vs 1; network stall not "
+                f"interconnect: {procs} CPU processes over gloo vs 1; network stall not "
                 "measured: CPU processes already talk over TCP (gloo), there is no faster "
                 "path to compare with"
             )
@@ -250,13 +252,23 @@ def run_stalls(
                     "network stall is not a socket measurement"
                 )
             result.notes.append(
-                f"interconnect: {config.gpus} GPUs with DDP ({_describe_transport(multi)}) vs "
+                f"interconnect: {procs} GPUs with DDP ({_describe_transport(multi)}) vs "
                 f"1, same per-GPU batch; network: NCCL on sockets "
-                f"({_describe_transport(multi_socket)}) over the loopback of one host, faster "
-                "than a real network between hosts"
+                f"({_describe_transport(multi_socket)}) "
+                + (
+                    "between the nodes"
+                    if config.nodes
+                    else "over the loopback of one host, faster than a real network between hosts"
+                )
+            )
+        if config.nodes is not None:
+            result.notes.append(
+                f"the interconnect runs span {config.nodes.nnodes} nodes ({config.gpus} "
+                f"processes each; this is node {config.nodes.node_rank}): the network between "
+                "the nodes is in the interconnect stall, the other runs are this node's alone"
             )
     runner.fill_missing()
-    if config.gpus == 1:
+    if config.gpus == 1 and config.nodes is None:
         result.notes.append(
             "interconnect and network stalls not measured: give --gpus N (2 or more) to run "
             "N GPUs with DDP, with and without NCCL's peer-to-peer transport"

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpulens.data.affinity import WORKER_AFFINITIES
 from gpulens.errors import UsageError
+from gpulens.launch.multinode import NodeTopology
 
 if TYPE_CHECKING:
     from gpulens.workloads.models import WorkloadSpec
@@ -70,6 +71,8 @@ class TrainConfig:
     skip_bad_samples: bool = False
     # Steps run under torch.profiler after the measured window (its trace kept in the record).
     torch_profiler_steps: int = 0
+    # A run over several nodes: this node's place (``gpus`` processes on each node).
+    nodes: NodeTopology | None = None
 
     def __post_init__(self) -> None:
         if self.batch_size is not None and self.batch_size <= 0:
@@ -101,7 +104,7 @@ class TrainConfig:
                 f"unknown NCCL transport '{self.nccl_transport}': use one of "
                 f"{', '.join(NCCL_TRANSPORTS)}"
             )
-        if self.gpus == 1 and self.nccl_transport != "default":
+        if self.gpus == 1 and self.nodes is None and self.nccl_transport != "default":
             raise UsageError("--nccl-transport needs --gpus 2 or more")
         if self.worker_affinity not in WORKER_AFFINITIES:
             raise UsageError(
@@ -113,8 +116,8 @@ class TrainConfig:
                 f"--torch-profiler must be a number of steps (0 or more), got "
                 f"{self.torch_profiler_steps}"
             )
-        if self.torch_profiler_steps and self.gpus > 1:
-            raise UsageError("--torch-profiler profiles one process: leave out --gpus")
+        if self.torch_profiler_steps and (self.gpus > 1 or self.nodes is not None):
+            raise UsageError("--torch-profiler profiles one process: leave out --gpus and --nnodes")
         if self.ddp_bucket_mb is not None and self.ddp_bucket_mb <= 0:
             raise UsageError(f"--ddp-bucket-mb must be positive, got {self.ddp_bucket_mb}")
         if self.data == "synthetic" and (
@@ -126,7 +129,7 @@ class TrainConfig:
                 raise UsageError(
                     f"paired_cold_block must be 1 or more samples, got {self.paired_cold_block}"
                 )
-            if self.data == "synthetic" or not self.prep_timing or self.gpus > 1:
+            if self.data == "synthetic" or not self.prep_timing or self.gpus > 1 or self.nodes:
                 raise UsageError(
                     "paired cold reading needs on-disk data, prep timing and one process"
                 )
@@ -154,6 +157,7 @@ BUILT_FIELDS = (
     "transport_env",
     "rendezvous_addr",
     "transport_effective",
+    "nodes",
 )
 
 
@@ -198,6 +202,8 @@ class EffectiveTrainConfig:
     transport_env: Mapping[str, str] | None = None
     rendezvous_addr: str | None = None
     transport_effective: tuple[str, ...] | None = None
+    # Multi-node runs only: this node's NodeTopology as a dict.
+    nodes: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:

@@ -8,6 +8,10 @@ by default (gradient buckets all-reduced during the backward pass).
 
 On a CPU-only machine ``--gpus N --device cpu`` runs N processes over gloo: the same code path,
 so it can be tested anywhere.
+
+Over several nodes (``config.nodes``) each node's gpulens runs this for its own ``--gpus N``
+processes, ranked globally; the ranks meet through the store node 0's launcher serves, and each
+node writes its own record shard (see :mod:`gpulens.workloads.nodes`).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import re
 import signal
 import socket
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -99,17 +103,37 @@ def loopback_env() -> dict[str, str]:
     return {k: iface for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME") if k not in os.environ}
 
 
-def init_group(backend: str, rank: int, world: int, port: int, device_id=None):
+def init_group(
+    backend: str,
+    rank: int,
+    world: int,
+    port: int,
+    device_id=None,
+    addr: str = LOOPBACK,
+    prefix: str | None = None,
+):
     """Join a process group whose rendezvous store listens on the loopback only.
 
     PyTorch's own TCPStore server listens on every interface (``::``) whatever MASTER_ADDR
     says; here rank 0 binds the listening socket to 127.0.0.1 itself and hands it over. The
-    ranks' own sockets (gloo, NCCL bootstrap) use the loopback through :func:`loopback_env`."""
+    ranks' own sockets (gloo, NCCL bootstrap) use the loopback through :func:`loopback_env`.
+    With ``prefix`` (a multi-node run) a node's launcher serves the store at ``addr``: every
+    rank connects to it and keeps its keys under ``prefix``."""
     import datetime
 
     import torch.distributed as dist
 
     timeout = datetime.timedelta(seconds=STORE_TIMEOUT_S)
+    if prefix is not None:
+        store = dist.TCPStore(addr, port, None, False, timeout)
+        dist.init_process_group(
+            backend=backend,
+            store=dist.PrefixStore(prefix, store),
+            rank=rank,
+            world_size=world,
+            device_id=device_id,
+        )
+        return store
     if rank == 0:
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -156,6 +180,24 @@ def _check_devices(config, world: int) -> str:
     return "cuda"
 
 
+@dataclass(frozen=True)
+class GroupPlan:
+    """Where a run's training processes meet, and which global ranks are this node's."""
+
+    world: int  # processes of the whole run (every node)
+    port: int
+    addr: str = LOOPBACK
+    rank_offset: int = 0  # the global rank of this node's local rank 0
+    # A store a node's launcher serves (multi-node: keys under this prefix); None: rank 0
+    # serves one on the loopback.
+    prefix: str | None = None
+
+    @property
+    def per_rank(self) -> bool:
+        """Every rank sends its steps (multi-node shards keep a step series per rank)."""
+        return self.prefix is not None
+
+
 def run_distributed(
     config,
     spec: WorkloadSpec,
@@ -165,48 +207,71 @@ def run_distributed(
     role: str | None = None,
     metrics=None,
 ) -> RunResult:
-    """``run_training`` for ``config.gpus`` > 1 processes."""
-    world = config.gpus
-    device_type = _check_devices(config, world)
+    """``run_training`` for ``config.gpus`` > 1 processes, or for this node's processes of a
+    run over several nodes (``config.nodes``: see :mod:`gpulens.workloads.nodes`)."""
+    local = config.gpus
+    nodes = config.nodes
+    world = local * (nodes.nnodes if nodes else 1)
+    device_type = _check_devices(config, local)
     device0 = torch.device("cuda:0" if device_type == "cuda" else "cpu")
     env = transport_env(config.nccl_transport) if device_type == "cuda" else {}
     eff = resolve_config(config, spec, device0).with_built(
-        device=f"{device_type}:0..{world - 1}" if device_type == "cuda" else "cpu",
+        device=f"{device_type}:0..{local - 1}" if device_type == "cuda" else "cpu",
         backend="nccl" if device_type == "cuda" else "gloo",
         transport_env=env,
-        rendezvous_addr=LOOPBACK,
+        rendezvous_addr=nodes.master_addr if nodes else LOOPBACK,
+        nodes=nodes.as_dict() if nodes else None,
     )
-    with measured_run(
-        runs_root,
-        kind=kind,
-        name=config.name or f"{spec.name}-{world}x{device_type}-b{eff.batch_size}",
-        requested_config=asdict(config),
-        role=role,
-        metrics=metrics,
-    ) as run:
-        run.oom_hint = oom_message(eff.batch_size, device0)
-        if device_type == "cuda" and "NCCL_DEBUG" not in os.environ:
-            # NCCL says which transport each channel took: the effective setting, logged.
-            env = {
-                **env,
-                "NCCL_DEBUG": "INFO",
-                "NCCL_DEBUG_SUBSYS": "INIT",
-                "NCCL_DEBUG_FILE": str(run.dir / f"{NCCL_LOG_PREFIX}%p.log"),
-            }
-        nvml_indices = []
-        if device_type == "cuda":
-            nvml_indices = [nvml_index_for(torch.device(f"cuda:{i}")) for i in range(world)]
-        probes = [ProbeSpec("host", {"root_pid": os.getpid()})]
-        if nvml_indices:
-            probes.insert(0, ProbeSpec("gpu", {"indices": nvml_indices}))
-        else:
-            run.mark_unsupported("gpu", "the run used the CPU")
-        _spawn_and_summarize(spec, eff, world, device0, run, probes, nvml_indices, env, progress)
-    return run.result()
+    name = config.name or f"{spec.name}-{world}x{device_type}-b{eff.batch_size}"
+    shard = None
+    if nodes is not None:
+        from gpulens.workloads.nodes import NodeShard
+
+        shard = NodeShard.open(nodes, eff, runs_root, kind, name, asdict(config), role)
+        plan = shard.plan
+        env = {**env, **shard.network_env}
+    else:
+        plan = GroupPlan(world=world, port=free_port())
+    try:
+        with measured_run(
+            runs_root,
+            kind=kind,
+            name=name,
+            requested_config=asdict(config),
+            role=role,
+            metrics=metrics,
+            writer=shard.writer if shard else None,
+        ) as run:
+            run.oom_hint = oom_message(eff.batch_size, device0)
+            if device_type == "cuda" and "NCCL_DEBUG" not in os.environ:
+                # NCCL says which transport each channel took: the effective setting, logged.
+                env = {
+                    **env,
+                    "NCCL_DEBUG": "INFO",
+                    "NCCL_DEBUG_SUBSYS": "INIT",
+                    "NCCL_DEBUG_FILE": str(run.dir / f"{NCCL_LOG_PREFIX}%p.log"),
+                }
+            nvml_indices = []
+            if device_type == "cuda":
+                nvml_indices = [nvml_index_for(torch.device(f"cuda:{i}")) for i in range(local)]
+            probes = [ProbeSpec("host", {"root_pid": os.getpid()})]
+            if nvml_indices:
+                probes.insert(0, ProbeSpec("gpu", {"indices": nvml_indices}))
+            else:
+                run.mark_unsupported("gpu", "the run used the CPU")
+            _spawn_and_summarize(
+                spec, eff, local, device0, run, probes, nvml_indices, env, progress, plan
+            )
+    except BaseException as exc:
+        if shard is not None:
+            shard.failed(exc)
+        raise
+    result = run.result()
+    return shard.end(result) if shard is not None else result
 
 
 def _spawn_and_summarize(
-    spec, eff, world, device0, run: RunSession, probes, nvml_indices, env, progress
+    spec, eff, local, device0, run: RunSession, probes, nvml_indices, env, progress, plan
 ):
     import torch.multiprocessing as mp
 
@@ -214,9 +279,9 @@ def _spawn_and_summarize(
     run.set_effective(eff.as_dict())
     ctx = mp.get_context("spawn")
     messages = ctx.Queue()
-    port = free_port()
     result: dict[str, Any] | None = None
     peaks: dict[int, int | None] = {}
+    rank_steps: dict[int, tuple[list[dict[str, Any]], float]] = {}
     error: str | None = None
     error_exit_code = 1  # a rank's gpulens error keeps its exit code (2: bad input)
 
@@ -231,11 +296,16 @@ def _spawn_and_summarize(
                 progress(*msg[1:], {})
             elif msg[0] == "peak":
                 peaks[msg[1]] = msg[2]
+            elif msg[0] == "rows":
+                rank_steps[msg[1]] = (msg[2], msg[3])
             elif msg[0] == "result":
                 result = msg[1]
             elif msg[0] == "error" and error is None:
                 error = msg[1]
                 error_exit_code = msg[2] if len(msg) > 2 else 1
+
+    def waiting() -> bool:
+        return result is None or len(peaks) < local or (plan.per_rank and len(rank_steps) < local)
 
     with run.monitor(probes, hz=eff.sample_hz):
         # Forked from a thread that lives as long as this process: each rank's parent-death
@@ -243,8 +313,8 @@ def _spawn_and_summarize(
         procs = on_lasting_thread(
             lambda: mp.start_processes(
                 _rank_main,
-                args=(world, eff, str(writer.dir), port, messages, env, os.getpid()),
-                nprocs=world,
+                args=(local, eff, str(writer.dir), plan, messages, env, os.getpid()),
+                nprocs=local,
                 join=False,
                 start_method="spawn",
             )
@@ -265,7 +335,7 @@ def _spawn_and_summarize(
             raise
         # Results may still sit in the queue's pipe after the processes have exited.
         deadline = time.monotonic() + 5.0
-        while (result is None or len(peaks) < world) and time.monotonic() < deadline:
+        while waiting() and time.monotonic() < deadline:
             drain()
             time.sleep(0.05)
     if result is None:
@@ -286,19 +356,24 @@ def _spawn_and_summarize(
         "tracking_us_per_step": result.get("tracking_us_per_step"),
         "gpu_timing_every_n_steps": result.get("gpu_timing_every_n_steps"),
     }
-    peak_mem_bytes = [peaks.get(r) for r in range(world)]
+    peak_mem_bytes = [peaks.get(r) for r in range(local)]
     loop = LoopResult(**result["loop"])
-    return summarize_run(
-        spec, eff, device0, writer, measured, costs, loop, nvml_indices, peak_mem_bytes, world
+    summary = summarize_run(
+        spec, eff, device0, writer, measured, costs, loop, nvml_indices, peak_mem_bytes, local
     )
+    if plan.per_rank:
+        from gpulens.workloads.nodes import record_ranks
+
+        summary = record_ranks(writer, plan, eff, rank_steps, summary)
+    return summary
 
 
 def _rank_main(
-    rank: int,
-    world: int,
+    local_rank: int,
+    local_world: int,
     eff: EffectiveTrainConfig,
     record_dir: str,
-    port: int,
+    plan: GroupPlan,
     messages,
     env: dict[str, str],
     parent_pid: int | None = None,
@@ -308,24 +383,30 @@ def _rank_main(
     set_parent_death_signal(signal.SIGKILL, parent_pid)
     import torch.distributed as dist
 
+    rank, world = plan.rank_offset + local_rank, plan.world
     os.environ.update(env)
-    os.environ.update(loopback_env())
-    os.environ.update(MASTER_ADDR=LOOPBACK, MASTER_PORT=str(port))
+    if plan.prefix is None:
+        os.environ.update(loopback_env())
+    os.environ.update(MASTER_ADDR=plan.addr, MASTER_PORT=str(plan.port))
     cuda = eff.backend == "nccl"
-    device = torch.device(f"cuda:{rank}") if cuda else torch.device("cpu")
+    device = torch.device(f"cuda:{local_rank}") if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
     else:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
     torch.manual_seed(eff.seed)
     spec = get_workload(eff.workload)
-    init_group(eff.backend, rank, world, port, device_id=device if cuda else None)
+    init_group(
+        eff.backend, rank, world, plan.port, device if cuda else None, plan.addr, plan.prefix
+    )
     try:
         control = StopControl(dist.new_group(backend="gloo"))
-        timing_dir = Path(record_dir) / "series" if eff.prep_timing and rank == 0 else None
+        timing_dir = Path(record_dir) / "series" if eff.prep_timing and local_rank == 0 else None
         skip_log = Path(record_dir) / SKIPPED_SAMPLES_FILE
         try:
-            prepared = prepare(spec, eff, device, timing_dir, rank, world, skip_log=skip_log)
+            prepared = prepare(
+                spec, eff, device, timing_dir, rank, world, skip_log=skip_log, local_rank=local_rank
+            )
         except GpulensError as exc:
             messages.put(("error", str(exc), exc.exit_code))
             raise
@@ -334,7 +415,7 @@ def _rank_main(
 
         def report(step, total, elapsed_s, _info) -> None:
             now = time.monotonic()
-            if rank == 0 and now - last_sent[0] >= 0.5:
+            if local_rank == 0 and now - last_sent[0] >= 0.5:
                 messages.put(("progress", step, total, elapsed_s))
                 last_sent[0] = now
 
@@ -349,8 +430,11 @@ def _rank_main(
             messages.put(("error", str(exc), exc.exit_code))
             raise
         timer.finish()
-        messages.put(("peak", rank, torch.cuda.max_memory_allocated(device) if cuda else None))
-        if rank == 0:
+        peak = torch.cuda.max_memory_allocated(device) if cuda else None
+        messages.put(("peak", local_rank, peak))
+        if plan.per_rank:
+            messages.put(("rows", rank, timer.rows, loop.wall_measured_s))
+        if local_rank == 0:
             messages.put(
                 (
                     "result",

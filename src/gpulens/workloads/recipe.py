@@ -159,11 +159,13 @@ def build_loader(
     rank: int = 0,
     world_size: int = 1,
     skip_log: Path | None = None,
+    local_rank: int | None = None,
 ) -> torch.utils.data.DataLoader:
     """The data loader a run over on-disk data uses: the workload's dataset (with any storage
     emulation), ``eff.workers`` worker processes, pinned memory on a GPU, endless shuffle.
     With ``eff.skip_bad_samples`` images that cannot be decoded are replaced, each skip
-    logged to ``skip_log`` (the run record's ``skipped_samples.tsv``)."""
+    logged to ``skip_log`` (the run record's ``skipped_samples.tsv``). ``local_rank`` (this
+    host's, where ``rank`` is global over several nodes) picks the CPUs of pinned workers."""
     from gpulens.data.datasets import build_dataset, collate_with_timing
     from gpulens.data.storage import StorageEmulation
 
@@ -196,7 +198,9 @@ def build_loader(
         pin_memory=device.type == "cuda",
         prefetch_factor=LOADER_PREFETCH if workers > 0 else None,
         collate_fn=collate_with_timing(timing_dir) if timing_dir else None,
-        worker_init_fn=worker_init(eff.worker_affinity, workers, rank),
+        worker_init_fn=worker_init(
+            eff.worker_affinity, workers, rank if local_rank is None else local_rank
+        ),
     )
 
 
@@ -240,6 +244,7 @@ def prepare(
     rank: int = 0,
     world_size: int = 1,
     skip_log: Path | None = None,
+    local_rank: int | None = None,
 ) -> Prepared:
     """Build the model, optimizer and batch source; wraps the model in DDP when a process
     group is up. ``Prepared.effective`` is ``eff`` with the optimizer and the dataset added.
@@ -264,7 +269,7 @@ def prepare(
     else:
         from gpulens.data.datasets import describe_dataset
 
-        loader = build_loader(spec, eff, device, timing_dir, rank, world_size, skip_log)
+        loader = build_loader(spec, eff, device, timing_dir, rank, world_size, skip_log, local_rank)
         batches = iter(loader)
         built.update(paired_facts(loader), dataset=describe_dataset(eff.data))
     step_fn = training_step(spec, model, optimizer, device, eff.precision)

@@ -43,7 +43,7 @@ def run_training(
     is the run's part in an experiment (``stalls:cached``), stored in run.json; ``metrics``
     (a :class:`gpulens.web.metrics.MetricsEndpoint`) serves Prometheus metrics meanwhile."""
     spec = get_workload(config.workload)
-    if config.gpus > 1:
+    if config.gpus > 1 or config.nodes is not None:
         from gpulens.workloads.distributed import run_distributed
 
         return run_distributed(config, spec, runs_root, progress, kind, role, metrics)
