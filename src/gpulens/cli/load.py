@@ -119,14 +119,10 @@ def render(doc: dict) -> None:
     def f2(v) -> str:
         return num(v, "{:.2f}")
 
+    streamed = [t for t in doc["tenants"] if t.get("ttft_ms")]
+    if streamed:
+        out.print(_token_table(streamed, ms))
     for t in doc["tenants"]:
-        if t.get("ttft_ms"):
-            ttft, tpot = t["ttft_ms"], t["tpot_ms"] or {}
-            say(
-                f"{t['model']}: time to first token p50 {f2(ttft['p50'])} ms, p99 "
-                f"{f2(ttft['p99'])} ms; per output token p50 {f2(tpot.get('p50'))} ms, p99 "
-                f"{f2(tpot.get('p99'))} ms"
-            )
         if t["errors"]["count"]:
             say(f"{t['model']}: errors {t['errors']['by_kind']}")
     server = doc.get("server")
@@ -170,6 +166,23 @@ def render(doc: dict) -> None:
         )
     if doc.get("record_dir"):
         out.print(Text(f"record: {doc['record_dir']}", style="dim"))
+
+
+def _token_table(tenants: list[dict], ms) -> Table:
+    """Streamed (OpenAI) tenants: request latency beside time to first token and per output
+    token, p50 and p99 in ms."""
+    table = Table(
+        title="streamed tenants · ms", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False,
+        collapse_padding=True, show_edge=False,
+    )  # fmt: skip
+    for col in ("tenant", "lat p50", "lat p99", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99"):
+        table.add_column(col, justify="left" if col == "tenant" else "right", no_wrap=True,
+                         min_width=9 if col == "tenant" else None)  # fmt: skip
+    for t in tenants:
+        lat, ttft, tpot = t["latency_ms"], t["ttft_ms"], t.get("tpot_ms") or {}
+        table.add_row(t["model"], ms(lat["p50"]), ms(lat["p99"]), ms(ttft["p50"]),
+                      ms(ttft["p99"]), ms(tpot.get("p50")), ms(tpot.get("p99")))  # fmt: skip
+    return table
 
 
 def summary_of(doc: dict) -> dict:

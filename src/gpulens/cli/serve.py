@@ -17,11 +17,16 @@ SERVE_HELP = (
     "--duration.\n\n"
     "A MODEL is a built-in workload (see `gpulens workloads`), bert-base (BERT-base-sized "
     "encoder, INT64 ids [-1,128]) or identity (FP32 [-1,16], no compute: the server's own "
-    "overhead); NAME=MODEL serves it under another name.\n\n"
+    "overhead); NAME=MODEL serves it under another name. A language model (gpt: GPT-2 small, "
+    "gpt-tiny: 4 layers; or gpt2, gpt2_tiny) is also a generative tenant: OpenAI-compatible "
+    "POST /v1/completions (stream: true for server-sent events, byte-level UTF-8 tokens) with "
+    "a KV cache and continuous batching of up to --max-batch sequences, and time to first "
+    "token, time per output token and tokens/s in /metrics and the run's summary.\n\n"
     "\b\nExamples:\n"
     "  gpulens serve --model resnet50 --model bert-base --max-batch 32 --max-queue-delay-ms 5\n"
     "  gpulens serve --model identity --device cpu --port 8000 --duration 60 --json\n"
-    "  curl localhost:8000/v2/models/resnet50"
+    "  curl localhost:8000/v2/models/resnet50\n"
+    "  gpulens serve --model gpt --max-batch 16   # then: gpulens load --openai gpt ..."
 )
 
 
@@ -37,7 +42,10 @@ def serve(
         None, "--model", "-m", help="A model to serve (repeatable): MODEL or NAME=MODEL."
     ),
     max_batch: int = typer.Option(
-        32, "--max-batch", help="Samples per model execution; 0 or 1: no dynamic batching."
+        32,
+        "--max-batch",
+        help="Samples per model execution, and sequences generated together by a language "
+        "model; 0 or 1: no batching.",
     ),
     max_queue_delay_ms: float = typer.Option(
         0.0,
@@ -141,4 +149,15 @@ def _render(doc: dict) -> None:
             ),  # fmt: skip
             highlight=False,
         )
+        gen = m.get("generation")
+        if gen:
+            tps = "-" if gen["tokens_per_s"] is None else f"{gen['tokens_per_s']:.1f}"
+            out.print(
+                Text(
+                    f"  {'':<16} {gen['generated_tokens']:>8} tokens ({tps}/s, "
+                    f"{gen['mean_sequences_per_iteration'] or 0:.2f} sequences/iteration)  "
+                    f"TTFT p50/p99 {ms(gen['ttft_ms'])} ms  TPOT {ms(gen['tpot_ms'])} ms"
+                ),  # fmt: skip
+                highlight=False,
+            )
     out.print(Text(f"record: {doc['record_dir']}"), highlight=False)

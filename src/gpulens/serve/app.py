@@ -1,5 +1,6 @@
-"""The HTTP side of ``gpulens serve``: a Starlette app speaking KServe v2 REST, served by uvicorn
-in a thread. The only module that imports a web framework (the ``serve`` extra).
+"""The HTTP side of ``gpulens serve``: a Starlette app speaking KServe v2 REST (and, for language
+models, OpenAI-compatible completions from :mod:`~gpulens.serve.openai_api`), served by uvicorn in
+a thread. With ``openai_api``, the only modules that import a web framework (the ``serve`` extra).
 
 The request path is lean: the body is read once, decoded with numpy
 (:mod:`~gpulens.serve.protocol`), queued to the model's :class:`~gpulens.serve.batcher.Batcher`
@@ -27,6 +28,7 @@ from starlette.routing import Route
 from gpulens import __version__
 from gpulens.serve.batcher import Batcher, Pending, QueueFull, ShuttingDown
 from gpulens.serve.config import ServeConfig
+from gpulens.serve.openai_api import OpenAIState, completion_routes
 from gpulens.serve.openapi import openapi_document
 from gpulens.serve.protocol import (
     HEADER_LENGTH,
@@ -55,6 +57,8 @@ class ServerState:
     stats: ServeStats
     ready: bool = True
     loop: asyncio.AbstractEventLoop | None = field(default=None, repr=False)
+    openai: OpenAIState | None = None  # the generative tenants, when a language model is served
+    extra_metrics: list = field(default_factory=list)  # more /metrics text: () -> str each
 
     def complete(self, batch: list[Pending]) -> None:
         """The batchers' hook (a worker thread): resolve the batch's futures on the loop."""
@@ -93,7 +97,8 @@ def build_app(state: ServerState) -> Starlette:
     batching = state.config.batching
     limit = state.config.max_body_bytes
     server_meta = {"name": "gpulens", "version": __version__, "extensions": ["binary_tensor_data"]}
-    spec = openapi_document(list(state.models))
+    generative = list(state.openai.services) if state.openai else []
+    spec = openapi_document(list(state.models), generative)
 
     def model_of(request: Request) -> ServedModel:
         name = request.path_params["name"]
@@ -126,7 +131,8 @@ def build_app(state: ServerState) -> Starlette:
                             status_code=200 if state.ready else 400)  # fmt: skip
 
     async def metrics(_request: Request) -> Response:
-        return Response(state.stats.prometheus(VERSION), media_type=CONTENT_TYPE)
+        text = state.stats.prometheus(VERSION) + "".join(f() for f in state.extra_metrics)
+        return Response(text, media_type=CONTENT_TYPE)
 
     async def openapi(_request: Request) -> Response:
         return JSONResponse(spec)
@@ -193,6 +199,8 @@ def build_app(state: ServerState) -> Starlette:
             Route(f"{base}/config", model_config),
             Route(f"{base}/infer", infer, methods=["POST"]),
         ]
+    if state.openai is not None:
+        routes += completion_routes(state.openai)
     return Starlette(
         routes=routes,
         exception_handlers={

@@ -8,7 +8,9 @@ needs, each with the tensors it takes and gives (its v2 metadata).
 - image classifiers of the registry: FP32 ``[-1, C, H, W]`` in, FP32 logits ``[-1, classes]`` out.
 - language models of the registry: INT64 ``[-1, seq]`` in, the last position's FP32 logits
   ``[-1, vocab]`` out (the next-token distribution; the full ``seq x vocab`` would be 200 MB a
-  sample for GPT-2).
+  sample for GPT-2); they are also generative tenants (``generative``): OpenAI-compatible
+  ``/v1/completions`` with token streaming (:mod:`~gpulens.serve.openai_api`). ``gpt`` is
+  GPT-2 small (``gpt2``), ``gpt_tiny`` the 4-layer ``gpt2_tiny``.
 
 Names match with ``-`` or ``_`` (``bert-base`` is ``bert_base``). Randomly initialised, nothing
 downloaded, like the training registry.
@@ -52,6 +54,7 @@ class ServeModelSpec:
     outputs: tuple[TensorSpec, ...]
     builder: Callable[[], nn.Module] = field(repr=False, compare=False)
     description: str = ""
+    generative: bool = False  # a language model: /v1/completions too
 
     def build(self) -> nn.Module:
         return self.builder()
@@ -119,6 +122,7 @@ def _from_registry(name: str) -> ServeModelSpec:
             (TensorSpec("logits", "FP32", (spec.vocab_size,)),),
             lambda: LastTokenLogits(spec.build()),
             spec.description,
+            generative=True,
         )
     return ServeModelSpec(
         spec.name,
@@ -129,13 +133,18 @@ def _from_registry(name: str) -> ServeModelSpec:
     )
 
 
+# short names of the built-in language models, as the generative tenant's docs use them
+ALIASES = {"gpt": "gpt2", "gpt_small": "gpt2", "gpt_tiny": "gpt2_tiny"}
+
+
 def servable_names() -> list[str]:
-    return [*_SERVE_ONLY, *(w.name for w in list_workloads())]
+    return [*_SERVE_ONLY, *(w.name for w in list_workloads()), *ALIASES]
 
 
 def get_serve_model(name: str) -> ServeModelSpec:
     """The servable model ``name`` (``-`` and ``_`` alike); a usage error listing them else."""
     key = name.strip().replace("-", "_")
+    key = ALIASES.get(key, key)
     if key in _SERVE_ONLY:
         return _SERVE_ONLY[key]
     try:

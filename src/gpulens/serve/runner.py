@@ -149,6 +149,7 @@ def run_serve(
     require_extra()
     with interrupts.held():  # torch's import: a Ctrl-C there is noted, not lost
         from gpulens.run import measured_run
+        from gpulens.serve import gen_setup
         from gpulens.serve.repository import build_models, resolve_precision
         from gpulens.workloads.devices import nvml_index_for, resolve_device
     device = resolve_device(None if config.device == "auto" else config.device)
@@ -178,6 +179,7 @@ def run_serve(
                     {"name": m.name, **m.metadata(), "workload": m.spec.workload}
                     for m in models.values()
                 ],  # fmt: skip
+                "generative": gen_setup.effective_of(models, config.max_batch),
             }
             run.set_effective(effective)
             nvml_index = nvml_index_for(device)
@@ -185,13 +187,21 @@ def run_serve(
             if nvml_index is None:
                 run.mark_unsupported("gpu", "the server used the CPU")
             batches = run.writer.series("batches", BATCH_SCHEMA)
+            gens = (
+                run.writer.series("generations", gen_setup.GENERATION_SCHEMA)
+                if effective["generative"]
+                else None
+            )
             try:
                 with run.monitor(probes, hz=config.sample_hz):
                     summary, reason = _serve(
-                        config, models, sock, url, effective, on_ready, stop, batches.append
-                    )
+                        config, models, sock, url, effective, on_ready, stop,
+                        (batches.append, gens.append if gens else None),
+                    )  # fmt: skip
             finally:
                 batches.close()
+                if gens is not None:
+                    gens.close()
             summary.update(stop_reason=reason, **run.monitor_costs())
             run.set_summary(summary)
     finally:
@@ -224,10 +234,14 @@ def _batch_row(name: str, batch) -> dict[str, Any]:
     }
 
 
-def _serve(config, models, sock, url, effective, on_ready, stop, on_batch) -> tuple[dict, str]:
+def _serve(config, models, sock, url, effective, on_ready, stop, on_rows) -> tuple[dict, str]:
     from gpulens.serve.app import HttpServer, ServerState
     from gpulens.serve.batcher import Batcher
+    from gpulens.serve.gen_setup import build_services
+    from gpulens.serve.openai_api import OpenAIState
     from gpulens.serve.stats import ServeStats
+
+    on_batch, on_generation = on_rows
 
     batchers: dict[str, Batcher] = {}
     stats = ServeStats(models, depth=lambda m: batchers[m].depth())
@@ -248,6 +262,16 @@ def _serve(config, models, sock, url, effective, on_ready, stop, on_batch) -> tu
             max_delay_s=config.max_queue_delay_ms / 1000.0, max_queue=config.max_queue,
             instances=len(model.instances),
         ).start()  # fmt: skip
+    openai = OpenAIState({}, served=tuple(models), max_body_bytes=config.max_body_bytes,
+                         on_refused=lambda m, _status: stats.failure(m, "REJECTED"))  # fmt: skip
+    services, gen_stats = build_services(
+        models, max_batch=config.max_batch, max_queue=config.max_queue, warmup=config.warmup,
+        stats=stats, on_tokens=openai.deliver, on_row=on_generation,
+    )  # fmt: skip
+    if services:
+        openai.services.update(services)
+        state.openai = openai
+        state.extra_metrics.append(gen_stats.prometheus)
     server = HttpServer(state, sock)
     started = time.monotonic()
     reason = "stop"
@@ -264,8 +288,12 @@ def _serve(config, models, sock, url, effective, on_ready, stop, on_batch) -> tu
         server.stop()
         for b in batchers.values():
             b.stop()
+        for g in services.values():
+            g.stop()
     served_s = time.monotonic() - started
     summary = stats.summary()
+    for name, gen in gen_stats.summary(served_s).items():
+        summary["models"][name]["generation"] = gen
     summary["served_s"] = round(served_s, 3)
     summary["requests_per_s"] = round(summary["requests"] / served_s, 3) if served_s else None
     return summary, reason

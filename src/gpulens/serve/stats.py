@@ -225,3 +225,8 @@ def _labels(labels: Mapping[str, object]) -> str:
 
 def _num(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def prometheus_labels(labels: Mapping[str, object]) -> str:
+    """``{k="v",...}`` with the values escaped (for other modules' families)."""
+    return _labels(labels)
