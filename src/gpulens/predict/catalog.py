@@ -1,4 +1,9 @@
-"""The bundled, dated GPU catalog (peaks, memory, links), extendable with a user CSV."""
+"""The bundled, dated GPU catalog (peaks, memory, links), extendable with a user CSV.
+
+Units as the vendors' data sheets give them: peaks in dense TFLOP/s (no sparsity), memory in
+GB and GB/s; ``nvlink_gb_s`` is NVIDIA's total over both directions (H100 SXM: 900), while
+``pcie_gb_s`` is one direction (PCIe 5.0 x16: 64). A user catalog must use the same units.
+"""
 
 from __future__ import annotations
 
