@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# What remains to be measured on a GPU (issues 16, 17, 18, 19), as parts of one script so that a
+# session with a fresh device budget spends it on measurements, not on planning. Each part writes
+# under $OUT; the last step bundles everything into $OUT/pending-<gpu>-<date>.tgz plus a short
+# table on stdout (the device tool brings back at most 8 files).
+#
+#   PARTS="predict sweep" bash benchmarks/pending_gpu.sh        # one device call (< 10 min)
+#   PARTS="serve llm" bash benchmarks/pending_gpu.sh            # needs .whl/ carried (see below)
+#   PARTS="overhead" bash benchmarks/pending_gpu.sh
+#
+# Parts and their rough wall time on one H100/H200:
+#   predict   issue 17: 5 workloads x 2 batch sizes with a profiler window (~6 min); run once on
+#             an H100 and once on an H200, then predict_validation.py on both tarballs
+#   sweep     issue 18: a 4-cell sweep through the local executor (~2 min)
+#   serve     issue 16: resnet50 + bert-base, highest rate at a 50 ms p99 SLO, batching on/off (~6 min)
+#   llm       issue 16: the generative tenant against a plain greedy loop (~3 min)
+#   overhead  issue 19: plain loop vs gpulens, resnet18 b1/b8/b64 and resnet50 b256, 5 pairs (~6 min)
+#   workers   issue 17: allocate-workers against an even split (~8 min)
+#
+# The serve extra (starlette, uvicorn) is not on the GPU image; its wheels travel in .whl/
+# (git-ignored): `pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl
+# starlette uvicorn` here, `carry: [".whl"]` in the device call. aiohttp, anyio, h11 and click
+# are already on the image.
+set -uo pipefail
+export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
+PARTS=${PARTS:-"predict sweep"}
+OUT=${OUT:-$(mktemp -d)}
+mkdir -p "$OUT/pending"
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | tr ' ' '_')
+gpu=${gpu:-cpu}
+day=$(date +%F)
+commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+step() { echo "=== $* ($(date +%T))" >&2; }
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.draw --format=csv,noheader || true
+
+if [[ " $PARTS " == *" serve "* || " $PARTS " == *" llm "* ]]; then
+  if ls .whl/*.whl > /dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/site .whl/*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/site
+  fi
+  python3 -c "import starlette, uvicorn" 2> /dev/null \
+    || echo "serve extra missing: carry .whl with starlette and uvicorn wheels" >&2
+fi
+
+for part in $PARTS; do
+  step "$part"
+  t0=$(date +%s)
+  case $part in
+    predict)
+      OUT="$OUT/pending" bash benchmarks/predict_session.sh ;;
+    sweep)
+      OUT="$OUT/pending/sweep" bash benchmarks/sweep_gpu.sh ;;
+    serve)
+      timeout 480 python3 benchmarks/serve_gpu.py --out "$OUT/pending/serve_gpu-$commit-$gpu-$day.json" ;;
+    llm)
+      timeout 300 python3 benchmarks/serve_llm_gpu.py --out "$OUT/pending/serve_llm_gpu-$commit-$gpu-$day.json" ;;
+    overhead)
+      timeout 480 python3 benchmarks/launch_overhead.py --cases r18_b1,r18_b8,r18_b64,r50_b256 \
+        --ablations "" --pairs 5 --out "$OUT/pending/launch_overhead-$commit-$gpu-$day.json" ;;
+    workers)
+      timeout 540 python3 benchmarks/allocate_workers_gpu.py --jobs resnet50,mobilenet_v3_small,resnet18 \
+        --cpus 12 --grid 1,2,4,8 --images 10000 --duration 10 --precision bf16 --pin \
+        --out "$OUT/pending/allocate_workers-$commit-$gpu-$day.json" ;;
+    *)
+      echo "unknown part '$part': use predict, sweep, serve, llm, overhead or workers" >&2 ;;
+  esac
+  echo "$part: exit $? after $(( $(date +%s) - t0 )) s" | tee -a "$OUT/pending/parts.txt" >&2
+done
+tar czf "$OUT/pending-$commit-$gpu-$day.tgz" -C "$OUT" pending && rm -rf "$OUT/pending"
+echo "bundle: $OUT/pending-$commit-$gpu-$day.tgz"
