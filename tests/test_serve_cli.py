@@ -139,13 +139,23 @@ def test_a_serving_run_ends_finished_with_one_json_document(gpulens_home, how, r
             "--json", "--sample-hz", "2"]  # fmt: skip
     if how is None:
         args += ["--duration", "1.5"]
-    proc = _gpulens(*args)
+    # SIGUSR1 dumps every thread's stack: a run that does not end says where it hangs (one CI
+    # run saw the SIGINT case not end in 120 s; 35 tries here, idle and loaded, did not)
+    proc = _gpulens(*args, code="import faulthandler, signal\n"
+                    "faulthandler.register(signal.SIGUSR1, all_threads=True)")  # fmt: skip
     line = _wait_serving(proc)
     assert "http://127.0.0.1:" in line
     if how is not None:
         time.sleep(0.5)
         proc.send_signal(how)
-    out, err = proc.communicate(timeout=120)
+    try:
+        out, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(2)
+        proc.kill()
+        _out, err = proc.communicate()
+        pytest.fail(f"gpulens serve did not end after {how!r}; its threads:\n{err[-6000:]}")
     assert proc.returncode == 0, err
     doc = json.loads(out)  # exactly one JSON document on stdout
     assert doc["status"] == "finished" and doc["stop_reason"] == reason
