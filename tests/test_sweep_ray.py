@@ -60,3 +60,16 @@ def test_ray_sweep_of_six_cells_retries_a_failure_and_resumes_after_a_kill(tmp_p
     assert "batch-size" in failed["error"]
     for batch in (2, 3, 4, 5, 6):
         assert by_batch[batch]["status"] == "done" and by_batch[batch]["run_id"]
+
+
+def test_a_cell_without_a_gpu_takes_the_smallest_nodes_cpus():
+    from gpulens.sweep.ray_executor import smallest_node_cpus
+
+    nodes = [
+        {"Alive": True, "Resources": {"CPU": 16.0, "GPU": 2.0}},
+        {"Alive": True, "Resources": {"CPU": 8.0}},
+        {"Alive": False, "Resources": {"CPU": 2.0}},  # a dead node does not count
+        {"Alive": True, "Resources": {}},  # a node with no CPU resource (a GPU-only label)
+    ]
+    assert smallest_node_cpus(nodes) == 8.0
+    assert smallest_node_cpus([]) == 1

@@ -1,5 +1,7 @@
 """The Ray executor: each cell attempt is a Ray task with ``num_gpus`` (and one CPU), on a running
-cluster (``address``) or a local one. Ray is imported here only (optional extra ``sweep``)."""
+cluster (``address``) or a local one. A cell that gets no GPU measures the CPU, so it takes every
+CPU of a node (the smallest), as the local executor gives a CPU-only machine one slot: two such
+cells never share a node's cores. Ray is imported here only (optional extra ``sweep``)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,13 @@ from gpulens.sweep.cells import Cell
 def attempt_cell(args: list[str]) -> ChildResult:
     """One attempt of a cell on a Ray worker; Ray sets CUDA_VISIBLE_DEVICES for its GPUs."""
     return run_gpulens(args)
+
+
+def smallest_node_cpus(nodes: list[dict]) -> float:
+    """The CPUs of the smallest alive node of ``ray.nodes()`` (1 when none says)."""
+    cpus = [n["Resources"]["CPU"] for n in nodes
+            if n.get("Alive") and (n.get("Resources") or {}).get("CPU")]  # fmt: skip
+    return min(cpus) if cpus else 1
 
 
 class RayExecutor:
@@ -43,11 +52,13 @@ class RayExecutor:
                 ray.init(num_cpus=self.num_cpus, log_to_driver=False, include_dashboard=False)
         remote = ray.remote(attempt_cell)
         gpus_total = ray.cluster_resources().get("GPU", 0)
+        node_cpus = smallest_node_cpus(ray.nodes())
 
         def submit(cell: Cell):
             on_start(cell)
             num_gpus = min(cell.gpus, gpus_total) if gpus_total else 0
-            return remote.options(num_gpus=num_gpus, num_cpus=1).remote(cell.argv())
+            num_cpus = 1 if num_gpus else node_cpus
+            return remote.options(num_gpus=num_gpus, num_cpus=num_cpus).remote(cell.argv())
 
         pending = {submit(c): c for c in cells}
         while pending:
