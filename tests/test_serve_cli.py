@@ -162,3 +162,6 @@ def test_a_serving_run_ends_finished_with_one_json_document(gpulens_home, how, r
     assert doc["device"] == "cpu" and doc["requests"] == 0 and "identity" in doc["models"]
     meta = json.loads((Path(doc["record_dir"]) / "run.json").read_text())
     assert meta["kind"] == "serve" and meta["status"] == "finished"
+    from gpulens.serve.app import http_implementation  # what served: logged beside the request
+
+    assert meta["effective_config"]["http_server"] == http_implementation()

@@ -211,11 +211,23 @@ def build_app(state: ServerState) -> Starlette:
     )
 
 
+def http_implementation() -> dict[str, str]:
+    """The event loop and HTTP parser uvicorn will use: uvloop and httptools where installed
+    (the serve extra installs both; uvicorn's own ``auto`` picks the same), else asyncio and h11."""
+    from importlib.util import find_spec
+
+    return {
+        "loop": "uvloop" if find_spec("uvloop") else "asyncio",
+        "http": "httptools" if find_spec("httptools") else "h11",
+    }
+
+
 class HttpServer:
     """uvicorn on an already bound socket, in a thread of its own (so the caller's thread
     keeps its signal handling)."""
 
     def __init__(self, state: ServerState, sock: socket.socket):
+        impl = http_implementation()
         config = uvicorn.Config(
             build_app(state),
             log_level="warning",
@@ -223,6 +235,8 @@ class HttpServer:
             lifespan="off",
             timeout_keep_alive=30,
             backlog=4096,
+            loop=impl["loop"],
+            http=impl["http"],
         )
         self._server = uvicorn.Server(config)
         self._sock = sock

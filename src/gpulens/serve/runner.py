@@ -150,6 +150,7 @@ def run_serve(
     with interrupts.held():  # torch's import: a Ctrl-C there is noted, not lost
         from gpulens.run import measured_run
         from gpulens.serve import gen_setup
+        from gpulens.serve.app import http_implementation
         from gpulens.serve.repository import build_models, resolve_precision
         from gpulens.workloads.devices import nvml_index_for, resolve_device
     device = resolve_device(None if config.device == "auto" else config.device)
@@ -175,6 +176,7 @@ def run_serve(
                 "instances": config.instances,
                 "max_queue": config.max_queue,
                 "max_body_bytes": config.max_body_bytes,
+                "http_server": http_implementation(),
                 "models": [
                     {"name": m.name, **m.metadata(), "workload": m.spec.workload}
                     for m in models.values()
