@@ -19,8 +19,8 @@
 #
 # The serve extra (starlette, uvicorn) is not on the GPU image; its wheels travel in .whl/
 # (git-ignored): `pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl
-# starlette uvicorn` here, `carry: [".whl"]` in the device call. aiohttp, anyio, h11 and click
-# are already on the image.
+# starlette uvicorn httptools` here (httptools: the cp312 manylinux wheel), `carry: [".whl"]` in
+# the device call. aiohttp, anyio, h11, click and uvloop are already on the image.
 set -uo pipefail
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
 PARTS=${PARTS:-"predict sweep"}
