@@ -110,7 +110,7 @@ def _has_plotly() -> bool:
     return importlib.util.find_spec("plotly") is not None
 
 
-def test_two_nodes_on_one_home_join_when_they_end_with_no_straggler(tmp_path):
+def test_two_nodes_on_one_home_join_when_they_end_with_no_straggler(tmp_path, monkeypatch):
     home = tmp_path / "shared"
     shard0, shard1 = _docs(_start_nodes(lambda n: home, free_port(), lambda n: []))
     join = shard0["join"]
@@ -121,6 +121,26 @@ def test_two_nodes_on_one_home_join_when_they_end_with_no_straggler(tmp_path):
     assert s["world_size"] == 2 and [r["node_rank"] for r in s["ranks"]] == [0, 1]
     assert s["stragglers"] == []  # equal ranks (synthetic data): no straggler
     assert [n["node_rank"] for n in meta["joined"]["shards"]] == [0, 1]
+    from gpulens.store.queries import find_run
+
+    assert find_run("latest", home).run_id == join["run_id"]  # the run, not a shard
+
+    # what node 0's terminal shows after its own summary: the joined run, one row per rank
+    from rich.console import Console
+
+    from gpulens.cli import common, nodes
+
+    monkeypatch.setattr(common, "out", Console(width=200, record=True))
+    nodes.render_node_end({"join": join})
+    text = common.out.export_text()
+    assert f"joined run {join['run_id']} (finished): 2 nodes, 2 ranks" in text
+    rows = [line.split()[:2] for line in text.splitlines()]
+    assert [r for r in rows if r in (["0", "0"], ["1", "1"])] == [["0", "0"], ["1", "1"]]
+    assert "no straggler" in text
+    nodes.render_node_end(
+        {"join": {"joined": False, "run_id": "r", "hint": "gpulens runs join A B"}}
+    )
+    assert "one node's shard of run r: gpulens runs join A B" in common.out.export_text()
 
 
 @pytest.mark.parametrize(

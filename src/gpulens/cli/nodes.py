@@ -40,6 +40,28 @@ def store_joined(result, store: bool) -> None:
             common.store_record(Path(join["record_dir"]), store)
 
 
+def render_node_end(summary: dict[str, Any]) -> None:
+    """After a node's own summary: the joined run (node 0, one GPULENS_HOME), or where the
+    joined run lies, or how to join the shards by hand."""
+    join = summary.get("join")
+    if not join:
+        return
+    from pathlib import Path
+
+    if join.get("joined") and join.get("record_dir") and Path(join["record_dir"]).is_dir():
+        from gpulens.record.reader import read_record
+
+        common.out.print()
+        render_joined(joined_json(read_record(Path(join["record_dir"]))))
+    elif join.get("joined"):
+        common.out.print(Text(f"node 0 joined the nodes' shards as run {join['run_id']}"),
+                         soft_wrap=True)  # fmt: skip
+    else:
+        common.out.print(Text(f"this is one node's shard of run {join['run_id']}: "
+                              f"{join.get('hint') or join.get('reason')}", style="yellow"),
+                         soft_wrap=True)  # fmt: skip
+
+
 def joined_json(record) -> dict[str, Any]:
     """The ``--json`` document of ``gpulens runs join``."""
     s = record.meta.get("summary") or {}
@@ -69,18 +91,22 @@ def _num(value: Any, fmt: str = "{:.4g}") -> str:
     return "-" if value is None else fmt.format(value)
 
 
+def _ms(seconds: Any) -> str:
+    return "-" if seconds is None else f"{1000 * seconds:.2f}"
+
+
 def render_joined(doc: dict[str, Any]) -> None:
     common.out.print(Text(f"joined run {doc['run_id']} ({doc['status']}): {doc['nnodes']} nodes, "
                           f"{doc['world_size']} ranks, {_num(doc['throughput_samples_per_s'])} "
                           f"samples/s; {doc['record_dir']}"), soft_wrap=True)  # fmt: skip
     table = Table(title="ranks", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    for header in ("rank", "node", "hostname", "samples/s", "step s", "data wait s"):
+    for header in ("rank", "node", "hostname", "samples/s", "step ms", "data wait ms"):
         table.add_column(header, justify="left" if header == "hostname" else "right")
     for r in doc.get("ranks") or []:
         phases = r.get("phases_s") or {}
         table.add_row(str(r.get("rank")), str(r.get("node_rank")), Text(str(r.get("hostname"))),
-                      _num(r.get("throughput_samples_per_s")), _num(phases.get("step")),
-                      _num(phases.get("data_wait")))  # fmt: skip
+                      _num(r.get("throughput_samples_per_s"), "{:.1f}"),
+                      _ms(phases.get("step")), _ms(phases.get("data_wait")))  # fmt: skip
     common.out.print(table)
     for s in doc.get("stragglers") or []:
         common.out.print(Text(f"straggler: rank {s['rank']} ({s['phase']}: {s['mean_s']:.3g} s, "

@@ -154,6 +154,7 @@ def show_training(result, json_out: bool) -> None:
 
     summary = result.as_dict()["summary"]
     render_train_summary(common.out, result.run_id, result.record_dir, summary)
+    common_nodes.render_node_end(summary)  # a node of a multi-node run: the joined run
 
 
 # ---------------------------------------------------------------------------------- run

@@ -38,8 +38,8 @@ from gpulens.record.writer import atomic_write_json, now_iso
 
 log = logging.getLogger(__name__)
 
-SHARD_KEY = "shard"  # run.json of a node's shard
-JOINED_KEY = "joined"  # run.json of the joined run
+SHARD_KEY = schema.SHARD_KEY  # run.json of a node's shard
+JOINED_KEY = schema.JOINED_KEY  # run.json of the joined run
 NODE_SUFFIX = ".node"
 MONITOR_SERIES = ("gpu", "host")
 

@@ -256,8 +256,28 @@ def scan_records(runs_root: Path) -> tuple[list[RunRecord], list[DamagedRecord]]
         if (d / schema.RUN_FILE).is_file():
             found = inspect_record(d)
             (damaged if isinstance(found, DamagedRecord) else records).append(found)
-    records.sort(key=lambda r: str(r.meta.get("created_at") or ""))
+    records.sort(key=_run_order(records))
     return records, damaged
+
+
+def _run_order(records: list[RunRecord]):
+    """Oldest first by creation; a multi-node run's shards and its joined run sort together
+    (at the family's first creation), shards by node, the joined run after them: it is the
+    ``latest`` of a multi-node run, not whichever shard was written last."""
+
+    def family(r: RunRecord) -> str:
+        return str((r.meta.get(schema.SHARD_KEY) or {}).get("run_id") or r.run_id)
+
+    first: dict[str, str] = {}
+    for r in records:
+        created = str(r.meta.get("created_at") or "")
+        first[family(r)] = min(first.get(family(r), created), created)
+
+    def key(r: RunRecord) -> tuple:
+        shard = r.meta.get(schema.SHARD_KEY) or {}
+        return first[family(r)], family(r), 0 if shard else 1, shard.get("node_rank", 0)
+
+    return key
 
 
 def list_records(runs_root: Path) -> list[RunRecord]:

@@ -12,6 +12,9 @@ SERIES_DIR = "series"
 STREAM_SUFFIX = ".arrows"
 PARQUET_SUFFIX = ".parquet"
 TRACE_FILE = "trace.json"
+# run.json keys of a multi-node run: a node's shard, and the run joined from them
+SHARD_KEY = "shard"
+JOINED_KEY = "joined"
 
 STATUS_RUNNING = "running"
 STATUS_FINISHED = "finished"
