@@ -415,7 +415,8 @@ def _rank_main(
 
         def report(step, total, elapsed_s, _info) -> None:
             now = time.monotonic()
-            if local_rank == 0 and now - last_sent[0] >= 0.5:
+            # at most two a second, and the last step always (the bar ends at n/n)
+            if local_rank == 0 and (now - last_sent[0] >= 0.5 or step == total):
                 messages.put(("progress", step, total, elapsed_s))
                 last_sent[0] = now
 
