@@ -159,3 +159,28 @@ def test_a_misspelt_option_is_one_line_before_any_cell_runs(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no option --batchsize" in err[0], err
     assert not (tmp_path / "s").exists()  # nothing half-written
+
+
+def test_the_summary_table_shows_what_differs_between_cells_and_why_a_cell_failed():
+    from rich.console import Console
+
+    from gpulens.cli.sweep import _table
+
+    def cell(cid, batch, status, tput=None, error=None):
+        config = {"command": "run", "workload": "tiny_cnn", "steps": 2, "batch_size": batch}
+        return {"cell_id": cid, "config": config, "status": status, "attempts": 1,
+                "run_id": "20261125-000000-abcdef" if tput else None, "error": error,
+                "summary": {"throughput_samples_per_s": tput} if tput else {}}  # fmt: skip
+
+    doc = {"sweep_dir": "/s", "cells": [
+        cell("aaaaaaaaaaaa", 8, "done", 123.45),
+        cell("bbbbbbbbbbbb", 0, "failed", error="Traceback ...\nerror: --batch-size must be > 0"),
+    ]}  # fmt: skip
+    console = Console(width=80, record=True)
+    console.print(_table(doc))
+    text = console.export_text()
+    header = next(line for line in text.splitlines() if line.startswith("cell"))
+    assert "batch_size" in header and "workload" not in header  # shared settings: the caption
+    assert "every cell: workload=tiny_cnn steps=2" in text
+    assert "123.5" in text and "20261125-000000-abcdef" in text  # never cut at 80 columns
+    assert "error: --batch-size must be > 0" in " ".join(text.split())  # wrapped, whole

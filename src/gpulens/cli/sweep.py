@@ -33,19 +33,41 @@ Cells are named by a hash of their config; the sweep directory (GPULENS_HOME/swe
 
 
 def _table(doc: dict) -> Table:
-    table = Table(box=box.SIMPLE_HEAD, title=f"sweep {doc['sweep_dir']}")
-    for column in ("cell", "status", "tries", "settings", "run id", "throughput/s"):
-        table.add_column(column)
-    for cell in doc["cells"]:
-        settings = " ".join(f"{k}={v}" for k, v in cell["config"].items() if k != "command")
+    """One row per cell: the settings that differ between cells (the shared ones in the
+    caption), run id and throughput, or the first line of a failed cell's error."""
+    configs = [{k: v for k, v in c["config"].items() if k != "command"} for c in doc["cells"]]
+    keys = list(dict.fromkeys(k for c in configs for k in c))
+    varying = [k for k in keys if len({repr(c.get(k)) for c in configs}) > 1]
+    shared = " ".join(f"{k}={configs[0][k]}" for k in keys if k not in varying and configs)
+    table = Table(
+        box=box.SIMPLE_HEAD,
+        title=f"sweep {doc['sweep_dir']}",
+        title_justify="left",
+        caption=f"every cell: {shared}" if shared else None,
+        caption_justify="left",
+        padding=(0, 1),
+        pad_edge=False,
+        collapse_padding=True,
+        show_edge=False,
+    )
+    for column in ("cell", "status", "tries", *varying, "run id", "samples/s"):
+        # the settings and ids stay whole; a failed cell's error wraps in the last column
+        table.add_column(column, no_wrap=column != "samples/s", min_width=len(column))
+    for cell, config in zip(doc["cells"], configs, strict=True):
         tput = cell["summary"].get("throughput_samples_per_s")
+        if isinstance(tput, (int, float)):
+            result = Text(f"{tput:.1f}")
+        elif cell.get("error"):
+            result = Text(str(cell["error"]).strip().splitlines()[-1][:60], style="red")
+        else:
+            result = Text("-")
         table.add_row(
-            Text(cell["cell_id"]),
+            Text(cell["cell_id"][:8]),  # the full id is in --json and the state file's name
             Text(cell["status"]),
             Text(str(cell["attempts"])),
-            Text(settings),
+            *(Text(str(config.get(k, "-"))) for k in varying),
             Text(cell["run_id"] or "-"),
-            Text(f"{tput:.1f}" if isinstance(tput, (int, float)) else "-"),
+            result,
         )
     return table
 
