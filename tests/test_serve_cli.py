@@ -117,6 +117,10 @@ def test_a_taken_port_is_a_usage_error_naming_port(gpulens_home):
     assert proc.returncode == 2 and "pick another --port" in err
 
 
+def _sigint_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _wait_serving(proc, timeout_s: float = 120.0) -> str:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -139,10 +143,13 @@ def test_a_serving_run_ends_finished_with_one_json_document(gpulens_home, how, r
             "--json", "--sample-hz", "2"]  # fmt: skip
     if how is None:
         args += ["--duration", "1.5"]
-    # SIGUSR1 dumps every thread's stack: a run that does not end says where it hangs (one CI
-    # run saw the SIGINT case not end in 120 s; 35 tries here, idle and loaded, did not)
+    # SIGUSR1 dumps every thread's stack: a run that does not end says where it hangs. The
+    # child starts with Ctrl-C at its default, as from a terminal: a test run started in the
+    # background (`.ci/run &`: SIGINT ignored, inherited) would otherwise make gpulens keep
+    # ignoring it, as it should under nohup (test_interrupts), and this case hang.
     proc = _gpulens(*args, code="import faulthandler, signal\n"
-                    "faulthandler.register(signal.SIGUSR1, all_threads=True)")  # fmt: skip
+                    "faulthandler.register(signal.SIGUSR1, all_threads=True)",
+                    preexec_fn=_sigint_default)  # fmt: skip
     line = _wait_serving(proc)
     assert "http://127.0.0.1:" in line
     if how is not None:
