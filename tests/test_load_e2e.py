@@ -268,6 +268,23 @@ def test_cli_json_contract_and_record(capsys, gpulens_home):
         (["--url", "http://127.0.0.1:1"], "--tenant"),
         (["--url", "http://127.0.0.1:1", "--tenant", "m:rate=5", "--find-max", "x"], "no --tenant"),
         (["--url", "http://127.0.0.1:1", "--tenant", "m:rate=5", "--openai", "x"], "--openai x"),
+        (
+            ["--url", "http://127.0.0.1:1", "--tenant", "m:rate=5", "--instance", "nope"],
+            "not in the instance catalog",
+        ),
+        (
+            [
+                "--url",
+                "http://127.0.0.1:1",
+                "--tenant",
+                "m:rate=5",
+                "--instance",
+                "aws:p5.48xlarge",
+                "--price-per-hour",
+                "2",
+            ],
+            "not both",
+        ),
     ],
 )
 def test_usage_errors_exit_2_with_one_line(capsys, args, fragment):
@@ -284,3 +301,29 @@ def test_without_aiohttp_the_command_names_the_extra(capsys, monkeypatch):
     code, _, err = run_cli(capsys, "load", "--url", "http://127.0.0.1:1", "--tenant", "m:rate=5")
     assert code == 2 and "pip install 'gpulens[serve]'" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_instance_prices_the_server_as_one_of_its_gpus(capsys, gpulens_home):
+    with FakeKServe(delay_s=0.002, metrics=False) as srv:
+        code, out, err = run_cli(
+            capsys, "load", "--url", srv.url, "--tenant", "small:rate=50:slo_ms=50",
+            "--duration", "0.5", "--warmup", "0.2", "--instance", "aws:p5.48xlarge", "--no-store",
+        )  # fmt: skip
+    assert code == 0, err
+    from gpulens.predict.instances import load_instances
+    from gpulens.store.queries import find_run
+
+    (p5,) = [i for i in load_instances() if (i.provider, i.instance) == ("aws", "p5.48xlarge")]
+    text = " ".join(out.split())
+    assert (
+        f"one of {p5.gpus} GPUs of aws p5.48xlarge, on-demand {p5.ondemand_usd_per_h:g} USD/h, "
+        f"price of {p5.price_date}"
+    ) in text
+    summary = find_run("latest").meta["summary"]
+    per_gpu = p5.ondemand_usd_per_h / p5.gpus
+    assert summary["price_per_hour_usd"] == pytest.approx(per_gpu)
+    goodput = summary["total_goodput_rps"]
+    assert summary["cost_per_1k_requests_usd"] == pytest.approx(
+        per_gpu / (3600 * goodput) * 1000, rel=1e-3
+    )
+    assert summary["price_source"]["instance"] == "p5.48xlarge"

@@ -145,7 +145,19 @@ def render(doc: dict) -> None:
     if doc.get("scenario"):
         out.print(f"scenario: {doc['scenario']}", highlight=False)
     if doc.get("cost_per_1k_requests_usd") is not None:
-        out.print(f"cost: {doc['cost_per_1k_requests_usd']:.4f} USD per 1k requests within SLO")
+        src = doc.get("price_source")
+        where = (
+            f" (one of {src['gpus']} GPUs of {src['provider']} {src['instance']}, "
+            f"{src['pricing']} {src['instance_usd_per_h']:g} USD/h, price of {src['price_date']})"
+            if src
+            else ""
+        )
+        out.print(
+            Text(
+                f"cost: {doc['cost_per_1k_requests_usd']:.4f} USD per 1k requests within SLO{where}"
+            ),
+            soft_wrap=True,
+        )
     if doc.get("find_max"):
         fm = doc["find_max"]
         out.print(
@@ -310,6 +322,12 @@ def load(
     price_per_hour: float = typer.Option(
         None, "--price-per-hour", help="The server's USD per hour: cost per 1k requests within SLO."
     ),
+    instance: str = typer.Option(
+        None,
+        "--instance",
+        help="Price the server as one GPU of a catalog instance (PROVIDER:INSTANCE, e.g. "
+        "aws:p5.48xlarge; see `gpulens advise`): its on-demand USD per hour over its GPUs.",
+    ),
     openai: list[str] = typer.Option(
         None,
         "--openai",
@@ -330,6 +348,14 @@ def load(
 ) -> None:
     if find_max is not None and sweep is not None:
         raise UsageError("give --find-max or --sweep, not both")
+    price_source = None
+    if instance is not None:
+        if price_per_hour is not None:
+            raise UsageError("give --price-per-hour or --instance, not both")
+        from gpulens.predict.instances import gpu_hour_price
+
+        price_source = gpu_hour_price(instance)
+        price_per_hour = price_source["usd_per_gpu_hour"]
     if sweep is not None and concurrency is None and ":concurrency=" in sweep:
         from gpulens.serve.load_config import parse_sweep
 
@@ -348,7 +374,8 @@ def load(
     from gpulens.probes.monitor import ProbeSpec
     from gpulens.run.lifecycle import measured_run
 
-    requested = {**config.as_dict(), "find_max": find_max, "sweep": sweep, "trial_s": trial_s}
+    requested = {**config.as_dict(), "find_max": find_max, "sweep": sweep, "trial_s": trial_s,
+                 "instance": instance}  # fmt: skip
     run_name = name or "load-" + "+".join(t.model for t in config.tenants)
     try:
         with measured_run(
@@ -358,6 +385,8 @@ def load(
             with common.progress("load", unit="requests") as progress, run.monitor(probes, hz=10):
                 frames: list = []
                 doc = execute(config, find_max, sweep, trial_s, max_trials, progress, frames)
+            if price_source is not None:  # where --instance's price came from, and its date
+                doc = {**doc, "price_source": price_source}
             if frames:
                 import pandas as pd
 

@@ -162,3 +162,33 @@ def stale_warning(catalog_day: str, today: date | None = None) -> str | None:
         f"the instance catalog is {age} days old (prices of {catalog_day}): check current "
         "prices and pass them with --catalog FILE"
     )
+
+
+def gpu_hour_price(name: str, spot: bool = False) -> dict:
+    """One GPU's share of a catalog instance's price per hour (``provider:instance`` or an
+    instance name alone when it is unique): what a server on one of its GPUs costs. A dict with
+    ``usd_per_gpu_hour`` and where it came from; a UsageError naming the choices else."""
+    instances = load_instances()
+    provider, _, inst = name.rpartition(":")
+    found = [i for i in instances if i.instance == inst and provider in ("", i.provider)]
+    if len(found) != 1:
+        what = "matches several instances" if found else "is not in the instance catalog"
+        choices = ", ".join(sorted(f"{i.provider}:{i.instance}" for i in instances)[:8])
+        raise UsageError(f"--instance {name} {what}: give PROVIDER:INSTANCE, e.g. {choices}, ...")
+    i = found[0]
+    price = i.spot_usd_per_h if spot else i.ondemand_usd_per_h
+    if price is None:
+        raise UsageError(f"--instance {name}: the catalog has no spot price for it")
+    return {
+        "provider": i.provider,
+        "instance": i.instance,
+        "gpu": i.gpu,
+        "gpus": i.gpus,
+        "pricing": "spot" if spot else "on-demand",
+        "instance_usd_per_h": price,
+        "usd_per_gpu_hour": round(price / i.gpus, 6),
+        "price_date": i.price_date,
+        "region": i.region,
+        "source": i.source,
+        "note": i.note,
+    }
