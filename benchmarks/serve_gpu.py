@@ -45,11 +45,13 @@ def env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT / "src"), "PYTHONUNBUFFERED": "1"}
 
 
-def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float = 300.0) -> None:
+def wait_ready(
+    url: str, proc: subprocess.Popen, timeout_s: float = 300.0, path: str = "/v2/health/ready"
+) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and proc.poll() is None:
         try:
-            with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=1) as r:
+            with urllib.request.urlopen(f"{url}{path}", timeout=1) as r:
                 if r.status == 200:
                     return
         except OSError:

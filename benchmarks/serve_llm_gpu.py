@@ -24,42 +24,16 @@ import argparse
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
+
+from serve_gpu import env, free_port, gpulens, wait_ready  # this folder's serving helpers
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT_WORD = " the"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def gpulens(*args: str) -> list[str]:
-    return [sys.executable, "-m", "gpulens.cli", *args]
-
-
-def env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT / "src"), "PYTHONUNBUFFERED": "1"}
-
-
-def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float = 300.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            with urllib.request.urlopen(f"{url}/v1/models", timeout=1) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.5)
-    raise RuntimeError(f"{url} did not become ready (exit {proc.poll()})")
 
 
 def references(args) -> list[dict]:
@@ -140,7 +114,7 @@ def serve_and_load(args) -> dict:
     proc = subprocess.Popen(cmd, env={**env(), "GPULENS_HOME": home}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
-        wait_ready(url, proc)
+        wait_ready(url, proc, path="/v1/models")
         rows = [load_at(url, r, args) for r in args.rates]
     finally:
         proc.terminate()

@@ -9,13 +9,7 @@ export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
 OUT=${OUT:-$(mktemp -d)}
 export GPULENS_HOME=${GPULENS_HOME:-$(mktemp -d)}
 mkdir -p "$OUT"
-cat > "$OUT/sweep_spec.yaml" <<'SPEC'
-name: gpu-sweep
-command: run
-workload: [resnet18, tiny_cnn]
-grid: {batch_size: [32, 64]}
-options: {steps: 30}
-SPEC
+cp "$(dirname "$0")/sweep_spec.yaml" "$OUT/sweep_spec.yaml"
 set +e
 python -m gpulens.cli sweep "$OUT/sweep_spec.yaml" --out "$OUT/sweep" --json \
   > "$OUT/sweep_summary.json" 2> "$OUT/sweep_stderr.log"

@@ -10,13 +10,10 @@ export PYTHONUNBUFFERED=1
 OUT=${OUT:-$(mktemp -d)}
 export GPULENS_HOME=${GPULENS_HOME:-$(mktemp -d)}
 mkdir -p "$OUT"
-cat > "$OUT/sweep_spec.yaml" <<'SPEC'
-name: gpu-sweep
-command: run
-workload: [resnet18, tiny_cnn]
-grid: {batch_size: [32, 64]}
-options: {steps: 30, device: cpu}
-SPEC
+# the GPU sweep's spec, on the CPU: the only change
+sed 's/^options: {steps: 30}$/options: {steps: 30, device: cpu}/' "$(dirname "$0")/sweep_spec.yaml" \
+  > "$OUT/sweep_spec.yaml"
+grep -q "device: cpu" "$OUT/sweep_spec.yaml" || { echo "sweep_spec.yaml changed: edit the sed above" >&2; exit 2; }
 t0=$(date +%s)
 set +e
 python -m gpulens.cli sweep "$OUT/sweep_spec.yaml" --executor ray --out "$OUT/sweep" --json \
