@@ -16,6 +16,10 @@
 #   llm       issue 16: the generative tenant against a plain greedy loop (~3 min)
 #   overhead  issue 19: plain loop vs gpulens, resnet18 b1/b8/b64 and resnet50 b256, 5 pairs (~6 min)
 #   workers   issue 17: allocate-workers against an even split (~8 min)
+#   agreement issue 15: examples/train_tracked.py, tracker API vs injection, 8 interleaved pairs
+#             over the script's own 20k files (~6 min)
+#   pin       issue 19: is the launch-bound noise the host's scheduling? r18 b8 and b1 whole-run
+#             pairs, unpinned, then the same pinned to 4 CPUs of distinct physical cores (~4 min)
 #
 # The serve extra (starlette, uvicorn) is not on the GPU image; its wheels travel in .whl/
 # (git-ignored): `pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl
@@ -50,10 +54,26 @@ for part in $PARTS; do
       OUT="$OUT/pending" bash benchmarks/predict_session.sh ;;
     sweep)
       OUT="$OUT/pending/sweep" bash benchmarks/sweep_gpu.sh ;;
+    agreement)
+      timeout "${AGREEMENT_TIMEOUT_S:-380}" python3 benchmarks/unmodified_check.py agreement \
+        --pairs "${AGREEMENT_PAIRS:-8}" --agreement-cases files_gpu --work /tmp/uc \
+        --out "$OUT/pending/agreement-files_gpu-$commit-$gpu-$day.json" \
+        2> "$OUT/pending/agreement.log" | tail -4 ;;
+    pin)
+      lscpu > "$OUT/pending/lscpu.txt" 2>&1
+      grep . /sys/devices/system/cpu/cpu*/topology/thread_siblings_list > "$OUT/pending/siblings.txt" 2>&1
+      cpus=$(python3 benchmarks/distinct_cores.py 4)
+      echo "pinned set: $cpus" | tee -a "$OUT/pending/parts.txt" >&2
+      for how in unpinned pinned; do
+        wrap=(); [ "$how" = pinned ] && wrap=(taskset -c "$cpus")
+        timeout 200 "${wrap[@]}" python3 benchmarks/launch_overhead.py --cases r18_b8,r18_b1 \
+          --ablations "" --no-tracker --pairs 8 --trial-s 2 \
+          --out "$OUT/pending/launch_overhead-$how-$commit-$gpu-$day.json" | tail -4
+      done ;;
     serve)
-      timeout 480 python3 benchmarks/serve_gpu.py --out "$OUT/pending/serve_gpu-$commit-$gpu-$day.json" ;;
+      timeout "${SERVE_TIMEOUT_S:-480}" python3 benchmarks/serve_gpu.py --out "$OUT/pending/serve_gpu-$commit-$gpu-$day.json" ;;
     llm)
-      timeout 300 python3 benchmarks/serve_llm_gpu.py --out "$OUT/pending/serve_llm_gpu-$commit-$gpu-$day.json" ;;
+      timeout "${LLM_TIMEOUT_S:-300}" python3 benchmarks/serve_llm_gpu.py --out "$OUT/pending/serve_llm_gpu-$commit-$gpu-$day.json" ;;
     overhead)
       timeout 480 python3 benchmarks/launch_overhead.py --cases r18_b1,r18_b8,r18_b64,r50_b256 \
         --ablations "" --pairs 5 --out "$OUT/pending/launch_overhead-$commit-$gpu-$day.json" ;;
@@ -62,7 +82,7 @@ for part in $PARTS; do
         --cpus 12 --grid 1,2,4,8 --images 10000 --duration 10 --precision bf16 --pin \
         --out "$OUT/pending/allocate_workers-$commit-$gpu-$day.json" ;;
     *)
-      echo "unknown part '$part': use predict, sweep, serve, llm, overhead or workers" >&2 ;;
+      echo "unknown part '$part': use predict, sweep, serve, llm, overhead, workers, agreement or pin" >&2 ;;
   esac
   echo "$part: exit $? after $(( $(date +%s) - t0 )) s" | tee -a "$OUT/pending/parts.txt" >&2
 done
