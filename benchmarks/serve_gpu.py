@@ -42,7 +42,9 @@ def gpulens(*args: str) -> list[str]:
 
 
 def env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT / "src"), "PYTHONUNBUFFERED": "1"}
+    # keeps the caller's PYTHONPATH: the serve extra may travel as wheels unpacked beside it
+    path = os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
 
 
 def wait_ready(
@@ -56,7 +58,10 @@ def wait_ready(
                     return
         except OSError:
             time.sleep(0.5)
-    raise RuntimeError(f"{url} did not become ready (exit {proc.poll()})")
+    err = ""
+    if proc.poll() is not None and proc.stderr is not None:
+        err = ": " + proc.stderr.read()[-800:].strip()
+    raise RuntimeError(f"{url} did not become ready (exit {proc.poll()}){err}")
 
 
 def plain_reference(device: str, seconds: float = 3.0) -> list[dict]:
