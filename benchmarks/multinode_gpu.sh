@@ -66,7 +66,7 @@ def load(name):
     except (OSError, ValueError):
         return None
 def tput(doc):
-    return None if not doc else doc.get("throughput_samples_per_s")
+    return None if not doc else (doc.get("summary") or doc).get("throughput_samples_per_s")
 rows = [("one node --gpus 2", load("single.json")),
         ("2 nodes by hand, shared home, joined", load("hand-joined.json")),
         ("2 nodes, separate homes, joined", load("joined.json")),
@@ -76,8 +76,9 @@ print(f"{'how':36} {'samples/s':>10}  ranks  stragglers  joined")
 for name, doc in rows:
     if doc is None:
         print(f"{name:36} {'-':>10}  (no JSON: see the log)"); continue
-    ranks = doc.get("ranks") or (doc.get("join") or {}).get("ranks")
-    strag = doc.get("stragglers")
+    s = doc.get("summary") or doc  # `runs show --json` nests the figures in its summary
+    ranks = s.get("ranks")
+    strag = s.get("stragglers")
     join = (doc.get("join") or {}).get("joined")
     n = len(ranks) if isinstance(ranks, (list, dict)) else ranks
     print(f"{name:36} {tput(doc) or 0:10.1f}  {n!s:5}  {strag!s:10}  {join}")

@@ -26,8 +26,11 @@ from collections import defaultdict
 from pathlib import Path
 
 from gpulens.errors import UsageError
+from gpulens.predict import roofline
 from gpulens.predict.catalog import find_gpu
+from gpulens.predict.features import run_facts
 from gpulens.predict.predictor import Target, predict_run
+from gpulens.predict.trace import read_kernels
 from gpulens.predict.validation import ape_pct, mape_pct
 from gpulens.record.reader import list_records, read_record
 
@@ -118,6 +121,25 @@ def committed_points() -> list[dict]:
     return points
 
 
+def kernel_time_case(src_rec, truth_rec, src_gpu: str, tgt_gpu: str) -> dict | None:
+    """The GPU model alone, without either host: the source's profiled kernel time per step
+    scaled to the target against the target's own profiled kernel time per step."""
+    a, b = run_facts(src_rec), run_facts(truth_rec)
+    if a.trace is None or b.trace is None or not a.trace_steps or not b.trace_steps:
+        return None
+    column = roofline.peak_column(a.precision, a.workload)
+    src, tgt = (roofline.hardware(find_gpu(g), column) for g in (src_gpu, tgt_gpu))
+    scaled = roofline.scale_kernels(read_kernels(a.trace), a.trace_steps, src, tgt)
+    measured_s = sum(k.duration_s for k in read_kernels(b.trace)) / b.trace_steps
+    return {
+        "source_kernel_ms_per_step": 1e3 * scaled.busy_s_per_step,
+        "predicted_kernel_ms_per_step": 1e3 * scaled.scaled_s_per_step,
+        "measured_kernel_ms_per_step": 1e3 * measured_s,
+        "kernel_ape_pct": ape_pct(scaled.scaled_s_per_step, measured_s),
+        "naive_kernel_ape_pct": ape_pct(scaled.busy_s_per_step, measured_s),
+    }
+
+
 def cases(points: list[dict]) -> list[dict]:
     """Every record on one GPU predicting every measurement of the same key on another GPU
     (and, for a 1-GPU record, the same key at 2 GPUs)."""
@@ -152,6 +174,9 @@ def cases(points: list[dict]) -> list[dict]:
                     # What "no change" would have scored: the bar a model has to clear.
                     "naive_ape_pct": ape_pct(src["tput"] * gpus, truth["tput"]),
                 })  # fmt: skip
+                if gpus == 1 and truth["record"] is not None:
+                    out[-1].update(kernel_time_case(src["record"], truth["record"],
+                                                    src["gpu"], truth["gpu"]) or {})  # fmt: skip
     return out
 
 
@@ -236,6 +261,16 @@ def main() -> int:
     gpu_bound = [r for r in rows if r["role"] == "ingestion_free" and r["gpus"] == 1]
     overall = mape_pct([(r["predicted_samples_per_s"], r["measured_samples_per_s"])
                         for r in gpu_bound])  # fmt: skip
+    kernel_rows = [r for r in gpu_bound if "kernel_ape_pct" in r]
+    if kernel_rows:
+        mean = statistics.mean
+        print(
+            f"\nGPU kernel time per step alone (no host): MAPE "
+            f"{mean(r['kernel_ape_pct'] for r in kernel_rows):.1f}% (max "
+            f"{max(r['kernel_ape_pct'] for r in kernel_rows):.1f}%), unchanged "
+            f"{mean(r['naive_kernel_ape_pct'] for r in kernel_rows):.1f}%, over "
+            f"{len(kernel_rows)} cases"
+        )
     ring = [] if args.runs else ring_cases()
     if ring:
         print("\nring all-reduce alone (H200 x2, NVLink): measured 1-GPU step + model vs 2 GPUs")
@@ -254,6 +289,9 @@ def main() -> int:
         doc = {
             "command": "python " + " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
             "gpu_bound_1gpu_mape_pct": overall,
+            "kernel_time_mape_pct": statistics.mean(r["kernel_ape_pct"] for r in kernel_rows)
+            if kernel_rows
+            else None,
             "directions": sorted(pairs),
             "mape": table,
             "ring_allreduce_cases": ring,

@@ -84,7 +84,13 @@ def test_arithmetic_intensity_overrides_the_name():
     # A GEMM at 10 FLOP/byte is below the H100's ridge (295 FLOP/byte): bound by bandwidth.
     skinny = Kernel("sm90_xmma_gemm", 50e-6, "aten::mm", flops=1e9, nbytes=1e8)
     assert skinny.bound(H100) == "memory"
-    assert skinny.scaled_s(H100, H200) == pytest.approx(50e-6 * 3350 / 4800)
+    # it moves its 1e8 bytes in 29.9 us at the H100's peak and took 50 us: only the 29.9 us
+    # scale with the H200's bandwidth, the other 20.1 us (not the bandwidth's) are kept
+    ideal_s = 1e8 / 3350e9
+    assert skinny.scaled_s(H100, H200) == pytest.approx(50e-6 - ideal_s * (1 - 3350 / 4800))
+    at_peak = Kernel("elementwise", 50e-6, "aten::add_", flops=0.0, nbytes=50e-6 * 3350e9)
+    assert at_peak.bound(H100) == "memory"
+    assert at_peak.scaled_s(H100, H200) == pytest.approx(50e-6 * 3350 / 4800)
     fat = Kernel("elementwise", 50e-6, "aten::mm", flops=1e12, nbytes=1e8)
     assert fat.bound(H100) == "compute"
     assert fat.scaled_s(H100, A100) == pytest.approx(50e-6 * 989.4 / 312)
@@ -114,7 +120,36 @@ def test_op_flops_from_recorded_shapes():
     flops, nbytes = op_flops_bytes("aten::mkldnn_convolution", conv)
     assert flops == 2 * 8 * 16 * 32 * 32 * 3 * 3 * 3
     assert nbytes == 4 * (8 * 3 * 64 * 64 + 16 * 3 * 3 * 3 + 8 * 16 * 32 * 32)
-    assert op_flops_bytes("aten::relu_", {"Input Dims": [[8, 16]]}) == (None, None)
+    # no FLOP formula: its bytes only (input and an output of the same size, fp32 default)
+    assert op_flops_bytes("aten::relu_", {"Input Dims": [[8, 16]]}) == (0.0, 2 * 8 * 16 * 4)
+    assert op_flops_bytes("aten::relu_", {"Input Dims": [[], []]}) == (None, None)
+
+
+def test_tensor_list_inputs_count_their_bytes_and_never_crash():
+    """vit_b_16's class-token concat as torch 2.11 recorded it on an H100 (predict-records
+    2026-11-25): a TensorList input is a list of shapes; `gpulens predict` raised TypeError."""
+    cat = {
+        "Input Dims": [[[64, 1, 768], [64, 196, 768]], []],
+        "Input type": ["TensorList", "Scalar"],
+    }
+    assert op_flops_bytes("aten::cat", cat) == (0.0, 2 * 64 * 197 * 768 * 4)  # out = inputs
+    bmm = {"Input Dims": [[[2, 3], [4, 5]], [8, 16, 32], [8, 32, 4]], "Input type": ["float"] * 3}
+    flops, nbytes = op_flops_bytes("aten::bmm", bmm)  # the list is never read as a matrix
+    assert flops == 2 * 8 * 16 * 4 * 32
+    assert nbytes == 4 * (6 + 20 + 8 * 16 * 32 + 8 * 32 * 4 + 8 * 16 * 4)
+
+
+def test_kernels_without_shapes_scale_as_their_class_did():
+    """A memory-class kernel whose op left no shapes takes the ratio that the memory kernels
+    with known bytes got, not the whole bandwidth ratio."""
+    known = Kernel("elementwise", 100e-6, "aten::add_", flops=0.0, nbytes=0.5 * 100e-6 * 3350e9)
+    unknown = Kernel("vectorized_elementwise_kernel", 100e-6, None)
+    ks = roofline.scale_kernels([known, unknown], 1, H100, H200)
+    known_ratio = known.scaled_s(H100, H200) / 100e-6
+    assert known_ratio == pytest.approx(1 - 0.5 * (1 - 3350 / 4800))
+    assert ks.ratio == pytest.approx(known_ratio)
+    alone = roofline.scale_kernels([unknown], 1, H100, H200)  # nothing measured: by its name
+    assert alone.ratio == pytest.approx(3350 / 4800)
 
 
 def _event(cat: str, name: str, ext: int, dur_us: float, **args) -> dict:
@@ -157,7 +192,7 @@ def test_kernel_method_from_a_profiler_window(tmp_path):
            {1: {"name": "aten::convolution"}, 2: {"name": "aten::add_"}})  # fmt: skip
     record = read_record(rec)
     p = predict_run(record, Target("A100"))
-    assert p.method == "kernel_roofline" and p.validated_error_pct is None
+    assert p.method == "kernel_roofline" and p.validated_error_pct == pytest.approx(12.2)
     s = record.meta["summary"]["phases_s"]
     gpu_s = min(record.series("steps")["gpu_step_time_s"].median(), s["compute"])
     busy = min(1.0, 0.030 / gpu_s)

@@ -119,6 +119,10 @@ def _pairs_in(root: str, stamp: int, key: tuple) -> tuple[tuple[str, float, str,
     return tuple(pairs)
 
 
+# Below this share of kernel time in the step, the host's speed matters as much as the GPU's.
+HOST_BOUND_BUSY = 0.8
+
+
 def _gpu_ratio(
     facts: RunFacts, core_s: float, src: roofline.Hardware, tgt: roofline.Hardware
 ) -> tuple[float, str, list[str]]:
@@ -129,7 +133,14 @@ def _gpu_ratio(
         busy = min(1.0, ks.busy_s_per_step / core_s)
         bound = ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in ks.seconds_by_bound.items())
         note = f"{ks.kernels} kernels over {facts.trace_steps} profiled steps ({bound} per step)"
-        return busy * ks.ratio + (1.0 - busy), "kernel_roofline", [note]
+        notes = [note]
+        if busy < HOST_BOUND_BUSY:
+            notes.append(
+                f"the GPU ran kernels {busy:.0%} of the step's compute time; the rest (the "
+                "host's launches and Python) is kept as measured, and another machine's CPU "
+                "moves it"
+            )
+        return busy * ks.ratio + (1.0 - busy), "kernel_roofline", notes
     flops = facts.flops_per_step
     if not flops:
         raise UsageError(

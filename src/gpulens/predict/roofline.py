@@ -4,9 +4,15 @@ Two methods, both pure (numbers in, numbers out):
 
 - ``kernel``: every CUDA kernel of a profiler window (``predict.trace``) is scaled on its own.
   Its arithmetic intensity (FLOPs / bytes of the launching op, from its input shapes) against
-  the source GPU's ridge point says what bounds it; without them the kernel's name does
-  (GEMM/convolution/attention kernels: FLOPs; the rest: bandwidth). Kernels shorter than
-  ``LATENCY_BOUND_S`` are launch/latency bound and kept.
+  the source GPU's ridge point says what bounds it. Only the kernel's ideal time (its FLOPs at
+  peak or its bytes at full bandwidth) scales with the peaks; the rest of its measured time
+  (occupancy, latency, tails: what the peaks do not move) is kept. A kernel whose op recorded
+  no shapes is classed by name (GEMM/convolution/attention: compute; the rest: memory) and
+  scaled as the kernels of its class with known bytes scaled on average. Kernels shorter than
+  ``LATENCY_BOUND_S`` are launch/latency bound and kept. On H100 and H200 profiles of five
+  workloads (benchmarks/results, 2026-11-25), scaling whole kernel times by the bandwidth
+  ratio predicted the other GPU's kernel time with 15.7% mean error; keeping the non-ideal
+  part, 7.3%: most memory-class kernels there reach well under the peak bandwidth.
 - ``whole_step``: the step's FLOPs (the workload's count) and bytes (the DRAM bandwidth counter
   of GPM where measured) give the ideal compute and memory times on the source; each part of
   the measured GPU time is scaled by its own ratio, and the rest (latency-bound time, which
@@ -130,23 +136,34 @@ class Kernel:
     flops: float | None = None
     nbytes: float | None = None
 
+    @property
+    def measured(self) -> bool:
+        """Whether the launching op's bytes are known (its FLOPs then are too, 0 or more)."""
+        return bool(self.nbytes)
+
     def bound(self, source: Hardware) -> str:
         """``compute``, ``memory`` or ``latency``: what limits this kernel on ``source``."""
         if self.duration_s < LATENCY_BOUND_S:
             return "latency"
-        if self.flops and self.nbytes:
-            ai = self.flops / self.nbytes
+        if self.measured:
+            ai = (self.flops or 0.0) / self.nbytes
             return "compute" if ai >= source.ridge_flop_per_byte else "memory"
         text = f"{self.name} {self.op or ''}"
         return "compute" if _COMPUTE_NAME.search(text) else "memory"
 
     def scaled_s(self, source: Hardware, target: Hardware) -> float:
+        """This kernel's time on ``target``: its ideal time on ``source`` (at most its measured
+        time) rescaled to ``target``'s peaks, plus the rest of its measured time unchanged.
+        Kernels with unknown bytes scale by the ratio of the peak their name points to."""
         bound = self.bound(source)
         if bound == "latency":
             return self.duration_s
-        if self.flops and self.nbytes:
-            return self.duration_s * (
-                target.ideal_s(self.flops, self.nbytes) / source.ideal_s(self.flops, self.nbytes)
+        if self.measured:
+            flops = self.flops or 0.0
+            ideal_src = source.ideal_s(flops, self.nbytes)
+            kept_ideal = min(ideal_src, self.duration_s)
+            return self.duration_s - kept_ideal * (
+                1.0 - target.ideal_s(flops, self.nbytes) / ideal_src
             )
         if bound == "compute":
             return self.duration_s * source.peak_flops_per_s / target.peak_flops_per_s
@@ -174,9 +191,22 @@ def scale_kernels(
     if not ks or steps < 1:
         raise UsageError("the profiler window holds no CUDA kernels: rerun with a GPU")
     by_bound = {"compute": 0.0, "memory": 0.0, "latency": 0.0}
+    # measured and scaled seconds of the kernels with known bytes, per class: the ratio that
+    # kernels of the same class whose op recorded no shapes get
+    known = {"compute": [0.0, 0.0], "memory": [0.0, 0.0]}
+    for k in ks:
+        bound = k.bound(source)
+        by_bound[bound] += k.duration_s / steps
+        if k.measured and bound in known:
+            known[bound][0] += k.duration_s
+            known[bound][1] += k.scaled_s(source, target)
     scaled = 0.0
     for k in ks:
-        by_bound[k.bound(source)] += k.duration_s / steps
-        scaled += k.scaled_s(source, target)
+        bound = k.bound(source)
+        measured_s, scaled_s = known.get(bound, (0.0, 0.0))
+        if k.measured or bound == "latency" or not measured_s:
+            scaled += k.scaled_s(source, target)
+        else:
+            scaled += k.duration_s * scaled_s / measured_s
     busy = sum(k.duration_s for k in ks) / steps
     return KernelScaling(len(ks), busy, scaled / steps, by_bound)

@@ -2,9 +2,12 @@
 launched it (from the op's input shapes: ``gpulens run --torch-profiler N`` records them).
 
 FLOPs are counted for the ops that do the arithmetic of training (matrix products,
-convolutions and their backward, fused attention); other ops get none, and the roofline then
-classes their kernels by name. An op's FLOPs and bytes are shared among its kernels by
-duration, so that every kernel of an op has the op's arithmetic intensity.
+convolutions and their backward, fused attention); other ops with tensor inputs (elementwise,
+normalisation, pooling, the optimizer's foreach ops) count 0 FLOPs and the bytes of their inputs
+plus an output the size of the largest input. Ops that recorded no shapes get neither, and the
+roofline scales their kernels as the measured kernels of the same class. An op's FLOPs and
+bytes are shared among its kernels by duration, so that every kernel of an op has the op's
+arithmetic intensity.
 """
 
 from __future__ import annotations
@@ -34,7 +37,13 @@ _CONV_ARGS = {
 
 
 def _numel(shape) -> int:
-    return math.prod(shape) if isinstance(shape, list) and shape else 0
+    """Elements of one input: a shape (list of ints) or a tensor list (list of shapes, as
+    ``aten::cat`` records it); 0 for scalars and anything unreadable."""
+    if not isinstance(shape, list) or not shape:
+        return 0
+    if all(isinstance(d, int) for d in shape):
+        return math.prod(shape)
+    return sum(_numel(inner) for inner in shape)
 
 
 def _ints(value, n: int) -> list[int]:
@@ -48,13 +57,15 @@ def _ints(value, n: int) -> list[int]:
 
 
 def op_flops_bytes(name: str, args: dict) -> tuple[float | None, float | None]:
-    """FLOPs and bytes (inputs + output) of one op from its recorded shapes; None if unknown."""
+    """FLOPs and bytes (inputs + output) of one op from its recorded shapes: (0, bytes) for an
+    op with no FLOP formula, (None, None) for one that recorded no tensor shapes."""
     dims = args.get("Input Dims") or []
     types = args.get("Input type") or []
     concrete = args.get("Concrete Inputs") or []
     elt = next((DTYPE_BYTES[t] for t in types if t in DTYPE_BYTES), 4)
-    tensors = [d for d in dims if isinstance(d, list) and d]
-    in_bytes = sum(_numel(d) for d in tensors) * elt
+    in_bytes = sum(_numel(d) for d in dims) * elt
+    # plain tensors only: the FLOP formulas below read shapes, never tensor lists
+    tensors = [d for d in dims if isinstance(d, list) and d and all(isinstance(x, int) for x in d)]
     flops = out = None
     mats = [d for d in tensors if len(d) >= 2]
     if name in ("aten::mm", "aten::addmm") and len(mats) >= 2:
@@ -84,7 +95,10 @@ def op_flops_bytes(name: str, args: dict) -> tuple[float | None, float | None]:
         flops = 2.5 * fwd if "backward" in name else fwd
         out = _numel(q) * (3 if "backward" in name else 1)
     if flops is None:
-        return None, None
+        # no arithmetic worth counting (elementwise, norms, pooling, copies): its bytes only,
+        # the output taken as large as its largest input
+        largest = max((_numel(d) for d in dims), default=0)
+        return (0.0, in_bytes + largest * elt) if in_bytes else (None, None)
     return flops, in_bytes + out * elt
 
 
@@ -119,7 +133,7 @@ def read_kernels(trace_path: Path) -> list[Kernel]:
         if op is not None:
             flops, nbytes = op_flops_bytes(op.get("name", ""), op.get("args") or {})
             share = float(e["dur"]) / op_time[ext] if op_time[ext] else 1.0
-            flops = flops * share if flops else None
+            flops = flops * share if flops is not None else None
             nbytes = nbytes * share if nbytes else None
         kernels.append(
             Kernel(str(e.get("name")), float(e["dur"]) * 1e-6, op and op.get("name"), flops, nbytes)

@@ -1,0 +1,44 @@
+"""Shrink a tarball of run records for committing: each torch_trace.json keeps only what
+`gpulens predict` reads (CUDA kernels, device memsets and copies, and the ops that launched them
+with their shapes); everything else of the records is kept as it is.
+
+    python benchmarks/slim_records.py predict-records-....tgz OUT.tgz
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+import tarfile
+
+DEVICE_CATS = ("kernel", "gpu_memset", "gpu_memcpy")
+OP_ARGS = ("External id", "Input Dims", "Input type", "Concrete Inputs")
+
+
+def slim_trace(doc: dict) -> dict:
+    events = doc.get("traceEvents") or []
+    device = [e for e in events if e.get("cat") in DEVICE_CATS]
+    linked = {(e.get("args") or {}).get("External id") for e in device}
+    ops = [
+        {**e, "args": {k: v for k, v in (e.get("args") or {}).items() if k in OP_ARGS}}
+        for e in events
+        if e.get("cat") == "cpu_op" and (e.get("args") or {}).get("External id") in linked
+    ]
+    kept = {k: v for k, v in doc.items() if k != "traceEvents"}
+    return {**kept, "traceEvents": ops + device, "slimmed": "benchmarks/slim_records.py"}
+
+
+def main(src: str, dst: str) -> int:
+    with tarfile.open(src) as tin, tarfile.open(dst, "w:gz") as tout:
+        for member in tin.getmembers():
+            data = tin.extractfile(member).read() if member.isfile() else None
+            if data is not None and member.name.endswith("torch_trace.json"):
+                data = json.dumps(slim_trace(json.loads(data))).encode()
+                member.size = len(data)
+            tout.addfile(member, io.BytesIO(data) if data is not None else None)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:3]))
