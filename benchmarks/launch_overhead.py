@@ -449,6 +449,7 @@ def main() -> int:
             b = out["blocks"]
             print(f"  blocks: ratio {b['ratio_median']} {b['ratio_ci95']}", flush=True)
         doc["cases"][name] = out
+        Path(args.out).write_text(json.dumps(doc, indent=2))  # finished cases survive a limit
     Path(args.out).write_text(json.dumps(doc, indent=2))
     print(f"\n{gpu}, {args.pairs} pairs, ratio = arm / plain loop (same pair)")
     head = ("case", "arm", "samples/s", "ratio", "95% interval", "us/step", "every")

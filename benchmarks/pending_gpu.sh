@@ -18,6 +18,8 @@
 #   workers   issue 17: allocate-workers against an even split (~8 min)
 #   agreement issue 15: examples/train_tracked.py, tracker API vs injection, 8 interleaved pairs
 #             over the script's own 20k files (~6 min)
+#   gpm       issue 19: does sampling GPM cost a launch-bound loop? sampler-only blocks with and
+#             without GPM, 60 pairs, r18 b8 and b1 (~6 min; run on an H100 and an H200)
 #   pin       issue 19: is the launch-bound noise the host's scheduling? r18 b8 and b1 whole-run
 #             pairs, unpinned, then the same pinned to 4 CPUs of distinct physical cores (~4 min)
 #
@@ -59,6 +61,11 @@ for part in $PARTS; do
         --pairs "${AGREEMENT_PAIRS:-8}" --agreement-cases files_gpu --work /tmp/uc \
         --out "$OUT/pending/agreement-files_gpu-$commit-$gpu-$day.json" \
         2> "$OUT/pending/agreement.log" | tail -4 ;;
+    gpm)
+      timeout 560 python3 benchmarks/launch_overhead.py --cases r18_b8,r18_b1 --no-whole-runs \
+        --no-timer-blocks --blocks 60 --block-s 0.5 --sampler-blocks gpu,gpu_no_gpm \
+        --ablations "" --no-tracker --out "$OUT/pending/launch_overhead-gpm-$commit-$gpu-$day.json" \
+        | grep -v "^  pair" | tail -8 ;;
     pin)
       lscpu > "$OUT/pending/lscpu.txt" 2>&1
       grep . /sys/devices/system/cpu/cpu*/topology/thread_siblings_list > "$OUT/pending/siblings.txt" 2>&1
@@ -82,7 +89,7 @@ for part in $PARTS; do
         --cpus 12 --grid 1,2,4,8 --images 10000 --duration 10 --precision bf16 --pin \
         --out "$OUT/pending/allocate_workers-$commit-$gpu-$day.json" ;;
     *)
-      echo "unknown part '$part': use predict, sweep, serve, llm, overhead, workers, agreement or pin" >&2 ;;
+      echo "unknown part '$part': use predict, sweep, serve, llm, overhead, workers, agreement, gpm or pin" >&2 ;;
   esac
   echo "$part: exit $? after $(( $(date +%s) - t0 )) s" | tee -a "$OUT/pending/parts.txt" >&2
 done
