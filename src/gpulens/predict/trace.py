@@ -12,6 +12,7 @@ arithmetic intensity.
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
 import math
@@ -105,9 +106,12 @@ def op_flops_bytes(name: str, args: dict) -> tuple[float | None, float | None]:
 def read_kernels(trace_path: Path) -> list[Kernel]:
     """The CUDA kernels (and device-side memsets and copies) of a torch profiler Chrome trace;
     host-device copies are left out (PCIe, a figure the GPU swap does not change)."""
+    path = Path(trace_path)
     try:
-        events = json.loads(Path(trace_path).read_text())["traceEvents"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        # a .gz trace (as torch's tensorboard handler writes them) is read as it is
+        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+        events = json.loads(raw)["traceEvents"]
+    except (OSError, EOFError, ValueError, KeyError, TypeError) as exc:
         raise UsageError(
             f"cannot read the profiler trace {trace_path} ({exc}): rerun with --torch-profiler N"
         ) from exc
