@@ -7,10 +7,11 @@ batch size, precision, data role (ingestion-free / cached / cold / train), loade
 GPU count measured on two GPU models are predicted from each other; the table gives each case's
 predicted and measured throughput and the mean absolute percentage error (MAPE) per workload.
 
-Without RUNS it uses what is committed: the H100 record directories in
-benchmarks/results/*.tgz and tests/fixtures, and the H200 throughputs of the `gpulens stalls`
-JSONs in benchmarks/results (stalls-defaults-*-NVIDIA_H200*, stalls-2gpu-*-NVIDIA_H200x2*).
-These hold no H200 record, so only H100 -> H200 can be checked, on one workload.
+Without RUNS it uses what is committed: the record tarballs in benchmarks/results (the stall
+sessions' H100 records, and `predict-records-*.tgz`: five workloads at two batch sizes with
+profiler windows, on an H100 and on an H200), the records under tests/fixtures, and the H200
+throughputs of the `gpulens stalls` JSONs in benchmarks/results (stalls-defaults-*-NVIDIA_H200*,
+stalls-2gpu-*-NVIDIA_H200x2*).
 """
 
 from __future__ import annotations
@@ -234,9 +235,9 @@ def main() -> int:
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        paths = args.runs or sorted(RESULTS.glob("stalls-resnet50*records*.tgz")) + [
-            p.parent for p in sorted((ROOT / "tests" / "fixtures").glob("**/run.json"))
-        ]
+        paths = args.runs or sorted(RESULTS.glob("stalls-resnet50*records*.tgz")) + sorted(
+            RESULTS.glob("predict-records-*.tgz")
+        ) + [p.parent for p in sorted((ROOT / "tests" / "fixtures").glob("**/run.json"))]
         records = load_records(paths, Path(tmp))
         points = []
         for rec in records:

@@ -158,7 +158,7 @@ def _event(cat: str, name: str, ext: int, dur_us: float, **args) -> dict:
 
 
 def _trace(path: Path, kernels: list[tuple[str, float, int]], ops: dict[int, dict]) -> Path:
-    """A torch-profiler-format trace (hand-made: no GPU trace is committed yet)."""
+    """A hand-made torch-profiler-format trace (real ones: REAL, below)."""
     events = [_event("cpu_op", op["name"], ext, 1, **op.get("args", {})) for ext, op in ops.items()]
     events += [_event("kernel", name, ext, dur) for name, dur, ext in kernels]
     events.append(_event("gpu_memcpy", "Memcpy HtoD (Pageable -> Device)", 99, 500.0))
