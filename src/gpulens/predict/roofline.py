@@ -12,7 +12,9 @@ Two methods, both pure (numbers in, numbers out):
   ``LATENCY_BOUND_S`` are launch/latency bound and kept. On H100 and H200 profiles of five
   workloads (benchmarks/results, 2026-11-25), scaling whole kernel times by the bandwidth
   ratio predicted the other GPU's kernel time with 15.7% mean error; keeping the non-ideal
-  part, 7.3%: most memory-class kernels there reach well under the peak bandwidth.
+  part, 7.3%: most memory-class kernels there reach well under the peak bandwidth. Both GPUs
+  have the same SMs and clocks; to a GPU with fewer or slower SMs the kept part would grow, which
+  this model does not know (unvalidated: it then predicts too fast).
 - ``whole_step``: the step's FLOPs (the workload's count) and bytes (the DRAM bandwidth counter
   of GPM where measured) give the ideal compute and memory times on the source; each part of
   the measured GPU time is scaled by its own ratio, and the rest (latency-bound time, which
