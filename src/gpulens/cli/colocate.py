@@ -17,11 +17,16 @@ COLOCATE_HELP = (
     "throughput, fairness and energy, and recommend one.\n\n"
     "A JOB is WORKLOAD[:batch=N,precision=bf16,name=X] (training), "
     "infer:WORKLOAD[:batch=1,rate=R,arrivals=poisson] (inference; rate = requests/s, evenly "
-    "spaced or Poisson arrivals, latency from each arrival; a closed loop without rate) or "
-    "'cmd:COMMAND ARGS' (throughput = runs per second).\n\n"
+    "spaced or Poisson arrivals, latency from each arrival; a closed loop without rate), "
+    "serve:MODEL:rate=R[,slo_ms=S] (a `gpulens serve` process driven over HTTP at R "
+    "requests/s; its own process, so not under streams) or "
+    "'cmd:COMMAND ARGS' (throughput = runs per second). slo_ms=S on infer: and serve: jobs "
+    "reports the SLO attainment alone and together.\n\n"
     "\b\nExamples:\n"
     "  gpulens colocate resnet18:batch=64 resnet50:batch=64 --mps-thread-pct 25,50,100\n"
     "  gpulens colocate resnet18:batch=64 infer:resnet50:rate=100 --mechanisms streams,mps\n"
+    "  gpulens colocate resnet50:batch=64 serve:resnet50:rate=100,slo_ms=50 "
+    "serve:bert-base:rate=50,slo_ms=50 --mechanisms time-slice,mps\n"
     "  gpulens colocate --plan resnet18:batch=64 resnet18:batch=64 resnet50:batch=64"
 )
 

@@ -48,7 +48,7 @@ from gpulens.launch.processes import (
 from gpulens.probes.window import GpuWindow
 from gpulens.run.lifecycle import measured_run
 from gpulens.run.result import role_name
-from gpulens.workloads.jobspec import JobSpec
+from gpulens.workloads.jobspec import SERVING_KINDS, JobSpec
 
 log = logging.getLogger(__name__)
 
@@ -217,7 +217,7 @@ class ColocateExperiment:
 
     def _mixed(self) -> bool:
         kinds = {j.kind for j in self.config.jobs}
-        return "infer" in kinds and ("train" in kinds or "cmd" in kinds)
+        return bool(kinds & set(SERVING_KINDS)) and ("train" in kinds or "cmd" in kinds)
 
     def time_slice(self) -> list[dict[str, Any]]:
         procs = [Proc([j], self._env(), self._device()) for j in self.config.jobs]
@@ -229,7 +229,8 @@ class ColocateExperiment:
             return [self._unavailable("streams", "default", "unavailable: CUDA streams need a "
                                       "GPU (this run uses the CPU)")]  # fmt: skip
         if any(not j.builtin for j in c.jobs):
-            why = "unavailable: streams run built-in jobs in one process; cmd: jobs cannot share it"
+            why = ("unavailable: streams run built-in jobs in one process; cmd: and serve: jobs "
+                   "run in their own")  # fmt: skip
             return [self._unavailable("streams", "default", why)]
         settings = [("default", [None] * len(c.jobs))]
         if c.stream_priorities and self._mixed():
@@ -282,7 +283,7 @@ class ColocateExperiment:
                 with factory(gpu_uuid=self.info.uuid) as daemon:
                     procs, extra = [], {}
                     for j in c.jobs:
-                        limited = target == "all" or j.kind != "infer"
+                        limited = target == "all" or j.kind not in SERVING_KINDS
                         env = daemon.client_env(pct if limited else None, c.mps_mem_limit)
                         env["PYTHONUNBUFFERED"] = "1"
                         procs.append(Proc([j], env, "cuda:0"))

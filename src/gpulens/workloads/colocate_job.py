@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from gpulens.errors import UsageError
-from gpulens.workloads.jobspec import JobSpec, ProcessSpec, percentile
+from gpulens.workloads.jobspec import JobSpec, ProcessSpec, percentile, wait_for_go, write_json
 from gpulens.workloads.schedule import ScheduledLoop
 
 log = logging.getLogger(__name__)
@@ -39,7 +39,6 @@ log = logging.getLogger(__name__)
 MIN_WARMUP_STEPS = 3
 OOM_EXIT_CODE = 3
 FAIL_EXIT_CODE = 4
-GO_POLL_S = 0.002
 QUEUE_DEPTH = 2  # steps a closed-loop trainer may queue ahead of the GPU
 
 
@@ -225,26 +224,12 @@ class _Job:
         }
 
 
-def _write_json(path: str, doc: dict[str, Any]) -> None:
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(doc, f)
-    os.replace(tmp, path)
-
-
-def _wait_for_go(go_file: str, parent_pid: int) -> float:
-    while True:
-        try:
-            return float(Path(go_file).read_text())
-        except (FileNotFoundError, ValueError):
-            pass
-        if os.getppid() != parent_pid:  # the parent died: do not wait forever
-            raise SystemExit("gpulens colocate: parent process is gone")
-        time.sleep(GO_POLL_S)
-
-
 def run_process(spec: ProcessSpec) -> int:
     """Build, warm up, wait for go, measure, write the result. Returns the exit code."""
+    if spec.jobs and spec.jobs[0].get("kind") == "serve":
+        from gpulens.workloads.colocate_serve import run_serve_process
+
+        return run_serve_process(spec)
     import torch
 
     parent_pid = os.getppid()
@@ -269,11 +254,11 @@ def run_process(spec: ProcessSpec) -> int:
             torch.cuda.synchronize(device)
     except torch.cuda.OutOfMemoryError as exc:
         doc.update(error=f"CUDA out of memory while building: {str(exc)[:200]}", error_kind="oom")
-        _write_json(spec.result_file, doc)
+        write_json(spec.result_file, doc)
         return OOM_EXIT_CODE
     except Exception as exc:
         doc.update(error=f"{type(exc).__name__}: {exc}"[:500], error_kind="failed")
-        _write_json(spec.result_file, doc)
+        write_json(spec.result_file, doc)
         return FAIL_EXIT_CODE
 
     readies = [threading.Event() for _ in jobs]
@@ -295,7 +280,7 @@ def run_process(spec: ProcessSpec) -> int:
     early = [j for j in jobs if j.error]
     Path(spec.ready_file).write_text(json.dumps({"errors": [j.error for j in early]}))
     if not early:
-        start = _wait_for_go(spec.go_file, parent_pid)
+        start = wait_for_go(spec.go_file, parent_pid)
         deadline[0] = start + spec.duration_s
     else:
         deadline[0] = 0.0
@@ -312,7 +297,7 @@ def run_process(spec: ProcessSpec) -> int:
     if kinds:
         doc["error_kind"] = "oom" if "oom" in kinds else "failed"
         doc["error"] = "; ".join(f"{j.job.name}: {j.error}" for j in jobs if j.error)
-    _write_json(spec.result_file, doc)
+    write_json(spec.result_file, doc)
     return OOM_EXIT_CODE if doc["error_kind"] == "oom" else FAIL_EXIT_CODE if kinds else 0
 
 

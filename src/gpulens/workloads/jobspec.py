@@ -9,14 +9,21 @@ Job syntax (parsed by :func:`parse_job`):
   ``rate=200,arrivals=poisson`` draws the arrivals from a Poisson process of that mean rate;
   ``slo_ms=50`` adds the share of requests answered within 50 ms (SLO attainment) alone and
   together, so a set of inference tenants beside a training job shows the attainment lost
+- ``serve:resnet50:rate=100,slo_ms=50``: a ``gpulens serve`` process serving the model over
+  HTTP, driven at ``rate`` requests/s by the open-loop load generator (latency from each
+  scheduled arrival; ``arrivals=poisson`` as for infer:, ``batch`` samples per request): a
+  served tenant beside the other jobs, as its own process (time-slicing, MPS, MIG; not streams)
 - ``cmd:python train.py --epochs 1``: any command; its throughput is runs per second (1/wall)
 - every built-in job takes ``name=...``; a name must be unique within one experiment
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import shlex
+import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -24,7 +31,9 @@ from typing import Any
 from gpulens.errors import UsageError
 from gpulens.workloads.schedule import Schedule
 
-KINDS = ("train", "infer", "cmd")
+KINDS = ("train", "infer", "cmd", "serve")
+# kinds that answer requests: an SLO applies, and an MPS thread limit for training skips them
+SERVING_KINDS = ("infer", "serve")
 PRECISIONS = ("fp32", "bf16", "fp16")
 ARRIVALS = ("constant", "poisson")
 
@@ -47,14 +56,26 @@ class JobSpec:
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
-            raise UsageError(f"unknown job kind {self.kind!r}: use train, infer or cmd")
+            raise UsageError(f"unknown job kind {self.kind!r}: use train, infer, serve or cmd")
         if self.kind == "cmd":
             if not self.command:
                 raise UsageError("a cmd: job needs a command, e.g. 'cmd:python train.py'")
             return
-        from gpulens.workloads.models import get_workload
+        if self.kind == "serve":
+            from gpulens.serve.models import get_serve_model
 
-        spec = get_workload(self.workload or "")
+            get_serve_model(self.workload or "")  # a usage error listing the servable models
+            if self.rate_per_s is None:
+                raise UsageError(
+                    f"serve:{self.workload} needs rate=R (requests/s the load generator sends), "
+                    f"e.g. serve:{self.workload}:rate=100,slo_ms=50"
+                )
+            default_batch = 1
+        else:
+            from gpulens.workloads.models import get_workload
+
+            spec = get_workload(self.workload or "")
+            default_batch = 1 if self.kind == "infer" else spec.default_batch_size
         if self.batch_size is not None and self.batch_size <= 0:
             raise UsageError(f"job {self.workload}: batch must be a positive integer")
         if self.precision not in PRECISIONS:
@@ -62,10 +83,15 @@ class JobSpec:
                 f"job {self.workload}: unknown precision {self.precision!r}; "
                 f"use one of {', '.join(PRECISIONS)}"
             )
-        if self.rate_per_s is not None and (self.kind != "infer" or self.rate_per_s <= 0):
-            raise UsageError("rate= is for infer: jobs and must be positive requests per second")
-        if self.slo_ms is not None and (self.kind != "infer" or not self.slo_ms > 0):
-            raise UsageError("slo_ms= is for infer: jobs and must be a positive latency in ms")
+        serving = self.kind in SERVING_KINDS
+        if self.rate_per_s is not None and (not serving or self.rate_per_s <= 0):
+            raise UsageError(
+                "rate= is for infer: and serve: jobs and must be positive requests per second"
+            )
+        if self.slo_ms is not None and (not serving or not self.slo_ms > 0):
+            raise UsageError(
+                "slo_ms= is for infer: and serve: jobs and must be a positive latency in ms"
+            )
         if self.arrivals not in ARRIVALS:
             raise UsageError(
                 f"job {self.workload}: unknown arrivals {self.arrivals!r}; use constant or poisson"
@@ -73,15 +99,16 @@ class JobSpec:
         if self.arrivals != "constant" and self.rate_per_s is None:
             raise UsageError(f"job {self.workload}: arrivals= needs rate= (requests per second)")
         if self.batch_size is None:
-            default = 1 if self.kind == "infer" else spec.default_batch_size
-            object.__setattr__(self, "batch_size", default)
+            object.__setattr__(self, "batch_size", default_batch)
         if not self.name:
             object.__setattr__(self, "name", self.workload if self.kind == "train" else
                                f"{self.kind}-{self.workload}")  # fmt: skip
 
     @property
     def builtin(self) -> bool:
-        return self.kind != "cmd"
+        """Whether the job is a loop of colocate's own (train, infer): it can share a process
+        and its streams with other such jobs, and its peak memory is measured."""
+        return self.kind in ("train", "infer")
 
     @property
     def key(self) -> str:
@@ -131,12 +158,12 @@ def parse_job(text: str) -> JobSpec:
         return JobSpec("cmd", command=tuple(argv), name=name)
     parts = text.split(":")
     kind = "train"
-    if parts[0] in ("train", "infer"):
+    if parts[0] in ("train", "infer", "serve"):
         kind, parts = parts[0], parts[1:]
     if not parts or len(parts) > 2 or not parts[0]:
         raise UsageError(
             f"cannot read job {text!r}: use WORKLOAD[:batch=N,precision=bf16], "
-            "infer:WORKLOAD[:batch=1,rate=R] or cmd:COMMAND"
+            "infer:WORKLOAD[:batch=1,rate=R], serve:MODEL:rate=R or cmd:COMMAND"
         )
     opts: dict[str, str] = {}
     if len(parts) == 2 and parts[1]:
@@ -193,6 +220,29 @@ class ProcessSpec:
     stream_priorities: list[int | None] = field(default_factory=list)
     cpu_threads: int | None = None
     seed: int = 0
+
+
+GO_POLL_S = 0.002
+
+
+def write_json(path: str, doc: dict[str, Any]) -> None:
+    """Write ``doc`` to ``path`` atomically (the parent polls for the file)."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(doc, f)
+    os.replace(tmp, path)
+
+
+def wait_for_go(go_file: str, parent_pid: int) -> float:
+    """The common start time the parent writes to ``go_file``; exits if the parent dies."""
+    while True:
+        try:
+            return float(Path(go_file).read_text())
+        except (FileNotFoundError, ValueError):
+            pass
+        if os.getppid() != parent_pid:  # the parent died: do not wait forever
+            raise SystemExit("gpulens colocate: parent process is gone")
+        time.sleep(GO_POLL_S)
 
 
 def percentile(values: list[float], q: float) -> float | None:
