@@ -69,3 +69,10 @@ def test_a_served_tenant_beside_training_on_the_cpu(capsys, gpulens_home):
     assert ts["serve-identity"]["slo_attainment_lost_pp"] is not None
     assert ts["tiny_cnn"]["throughput_together"] > 0
     assert by_mech["streams"]["status"] == "unavailable"
+
+
+def test_without_the_serve_extra_a_serve_job_is_one_line_naming_it(capsys, monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "uvicorn", None)  # as if not installed
+    code = main(["colocate", "tiny_cnn", "serve:identity:rate=5", "--device", "cpu", "--no-store"])
+    err = capsys.readouterr().err
+    assert code == 2 and "gpulens[serve]" in err and len(err.strip().splitlines()) == 1

@@ -62,9 +62,13 @@ class JobSpec:
                 raise UsageError("a cmd: job needs a command, e.g. 'cmd:python train.py'")
             return
         if self.kind == "serve":
+            from gpulens.serve.loadgen import require_aiohttp
             from gpulens.serve.models import get_serve_model
+            from gpulens.serve.runner import require_extra
 
             get_serve_model(self.workload or "")  # a usage error listing the servable models
+            require_extra()  # the server's web framework, or one line naming the extra
+            require_aiohttp()  # the load generator's client
             if self.rate_per_s is None:
                 raise UsageError(
                     f"serve:{self.workload} needs rate=R (requests/s the load generator sends), "
