@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from gpulens.launch.group import tail_text
 from gpulens.workloads.jobspec import JobSpec, ProcessSpec, percentile, wait_for_go, write_json
 
 log = logging.getLogger(__name__)
@@ -33,26 +34,20 @@ REQUEST_TIMEOUT_S = 10.0
 FAIL_EXIT_CODE = 4
 
 
-def _tail(path: Path, n: int = 600) -> str:
-    try:
-        return path.read_text(errors="replace")[-n:].strip()
-    except OSError:
-        return ""
-
-
 def _wait_ready(url: str, server: subprocess.Popen, log_path: Path) -> str | None:
     """None once ``/v2/health/ready`` answers 200; else why not."""
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
         if server.poll() is not None:
-            return f"the server exited ({server.returncode}) before it was ready: {_tail(log_path)}"
+            tail = tail_text(log_path)
+            return f"the server exited ({server.returncode}) before it was ready: {tail}"
         try:
             with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=1) as r:
                 if r.status == 200:
                     return None
         except OSError:
             time.sleep(0.2)
-    return f"the server was not ready within {READY_TIMEOUT_S:.0f} s: {_tail(log_path)}"
+    return f"the server was not ready within {READY_TIMEOUT_S:.0f} s: {tail_text(log_path)}"
 
 
 def _stop(server: subprocess.Popen | None) -> None:
