@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Issue 17, same-GPU predictions: the runs that check `gpulens predict --batch-size` and
+# `--gpus 2` against measurements on the same machine, in one device call.
+#   PARTS="batch gpus" OUT=$OUT bash benchmarks/predict_ladder.sh     # a 2-GPU machine (~8 min)
+#   PARTS="batch" bash benchmarks/predict_ladder.sh                   # one GPU (~5 min)
+# batch: five workloads (bf16, synthetic data on the GPU) at the two batch sizes of
+#        predict_session.sh (the sources, each with a 5-step profiler window) and at half the
+#        smaller and twice the larger one (the targets, never used to build the model).
+#        BATCH_CASES="vit_b_16:32,64" overrides the list (workload:size,size,...).
+# gpus:  the same workloads on 1 GPU and as 2-GPU DDP (same per-GPU batch): the all-reduce model
+#        predicts the second from the first, uncalibrated (no pair of its own in the store).
+# Then python benchmarks/predict_validation.py --same-gpu predict-ladder-*.tgz scores them.
+set -uo pipefail
+export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 GPULENS_HOME=${GPULENS_HOME:-/tmp/gpulens-ladder}
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+OUT=${OUT:-benchmarks/results}
+PARTS=${PARTS:-batch}
+mkdir -p "$OUT" "$GPULENS_HOME"
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr ' ' '_')
+ngpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
+commit=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+day=$(date +%F)
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.draw --format=csv,noheader
+one() {  # workload batch gpus profiler-steps
+  local w=$1 b=$2 g=$3 p=$4 name="ladder-$1-b$2-g$3"
+  local extra=(); [ "$p" -gt 0 ] && extra=(--torch-profiler "$p")
+  [ "$g" -gt 1 ] && extra+=(--gpus "$g")
+  CUDA_VISIBLE_DEVICES=${VISIBLE:-0} timeout 150 python3 -m gpulens.cli run "$w" --batch-size "$b" \
+    --precision bf16 --duration "${DURATION_S:-10}" "${extra[@]}" --no-store --name "$name" \
+    --json > "$GPULENS_HOME/$name.json" 2> "$GPULENS_HOME/$name.log" \
+    || echo "$name failed: $(tail -1 "$GPULENS_HOME/$name.log")" >&2
+  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(sys.argv[2], \
+    round(d['throughput_samples_per_s'] or 0, 1), 'samples/s')" "$GPULENS_HOME/$name.json" "$name" \
+    2>/dev/null
+}
+for part in $PARTS; do
+  echo "=== $part ($(date +%T))" >&2
+  case $part in
+    batch)
+      for w_sizes in ${BATCH_CASES:-resnet18:64,128,256,512 resnet50:32,64,128,256 \
+                     vgg16:16,32,64,128 vit_b_16:16,32,64,128 gpt2:2,4,8,16}; do
+        w=${w_sizes%%:*}
+        IFS=, read -r -a sizes <<< "${w_sizes##*:}"
+        for b in "${sizes[@]}"; do one "$w" "$b" 1 5; done
+      done ;;
+    gpus)
+      if [ "$ngpu" -lt 2 ]; then echo "gpus: needs 2 GPUs, this machine has $ngpu" >&2; continue; fi
+      for case in resnet18:256 resnet50:128 vgg16:64 vit_b_16:64 gpt2:8; do
+        w=${case%%:*} b=${case##*:}
+        one "$w" "$b" 1 0
+        VISIBLE=0,1 one "$w" "$b" 2 0
+      done ;;
+    *) echo "unknown part '$part': use batch or gpus" >&2 ;;
+  esac
+done
+tar czf "$OUT/predict-ladder-$commit-$gpu-x$ngpu-$day.tgz" -C "$GPULENS_HOME" runs
+python3 benchmarks/predict_validation.py --same-gpu "$OUT/predict-ladder-$commit-$gpu-x$ngpu-$day.tgz" || true
