@@ -45,7 +45,7 @@ for part in $PARTS; do
       done ;;
     gpus)
       if [ "$ngpu" -lt 2 ]; then echo "gpus: needs 2 GPUs, this machine has $ngpu" >&2; continue; fi
-      for case in resnet18:256 resnet50:128 vgg16:64 vit_b_16:64 gpt2:8; do
+      for case in ${GPUS_CASES:-resnet18:256 resnet50:128 vgg16:64 vit_b_16:64 gpt2:8}; do
         w=${case%%:*} b=${case##*:}
         one "$w" "$b" 1 0
         VISIBLE=0,1 one "$w" "$b" 2 0
@@ -53,5 +53,9 @@ for part in $PARTS; do
     *) echo "unknown part '$part': use batch or gpus" >&2 ;;
   esac
 done
-tar czf "$OUT/predict-ladder-$commit-$gpu-x$ngpu-$day.tgz" -C "$GPULENS_HOME" runs
+# traces slimmed to what predict reads (the tarball is committed); the host side of each
+# trace (step wall time, CUDA runtime calls) summarised first
+python3 benchmarks/trace_host_summary.py "$GPULENS_HOME/runs" > "$GPULENS_HOME/runs/host_summary.json"
+tar czf "$GPULENS_HOME/full.tgz" -C "$GPULENS_HOME" runs
+python3 benchmarks/slim_records.py "$GPULENS_HOME/full.tgz" "$OUT/predict-ladder-$commit-$gpu-x$ngpu-$day.tgz"
 python3 benchmarks/predict_validation.py --same-gpu "$OUT/predict-ladder-$commit-$gpu-x$ngpu-$day.tgz" || true
