@@ -1,6 +1,7 @@
 """Shrink a tarball of run records for committing: each torch_trace.json keeps only what
-`gpulens predict` reads (CUDA kernels, device memsets and copies, and the ops that launched them
-with their shapes); everything else of the records is kept as it is.
+`gpulens predict` reads (CUDA kernels, device memsets and copies, the ops that launched them
+with their shapes, and the CUDA runtime calls' names and times); everything else of the records
+is kept as it is.
 
     python benchmarks/slim_records.py predict-records-....tgz OUT.tgz
 """
@@ -25,8 +26,15 @@ def slim_trace(doc: dict) -> dict:
         for e in events
         if e.get("cat") == "cpu_op" and (e.get("args") or {}).get("External id") in linked
     ]
+    # the CUDA runtime calls without their arguments: the host's issue time per step
+    # (gpulens.predict.trace.host_issue_s_per_step) reads their names, threads and times
+    runtime = [
+        {k: e[k] for k in ("ph", "cat", "name", "pid", "tid", "ts", "dur") if k in e}
+        for e in events
+        if e.get("cat") == "cuda_runtime"
+    ]
     kept = {k: v for k, v in doc.items() if k != "traceEvents"}
-    return {**kept, "traceEvents": ops + device, "slimmed": "benchmarks/slim_records.py"}
+    return {**kept, "traceEvents": ops + device + runtime, "slimmed": "benchmarks/slim_records.py"}
 
 
 def main(src: str, dst: str) -> int:

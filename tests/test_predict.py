@@ -291,7 +291,9 @@ def test_predict_json_contract(capsys):
     doc = json.loads(out)
     assert doc.keys() >= CONTRACT
     assert set(doc["components_s"]) == {"compute", "communication", "data"}
-    assert doc["target"] == {"gpu": "H200", "gpus": 2, "nodes": 1, "network_gbps": None}
+    # the effective target: batch and workers are the run's where not asked for
+    assert doc["target"] == {"gpu": "H200", "gpus": 2, "nodes": 1, "network_gbps": None,
+                             "batch_size": 128, "workers": 0}  # fmt: skip
     assert math.isclose(sum(doc["components_s"].values()), doc["step_time_s"], rel_tol=1e-9)
     assert doc["method"] == "whole_step_roofline" and doc["source_gpu"] == "H100-SXM"
 

@@ -13,15 +13,17 @@ from gpulens.cli import common
 
 PREDICT_HELP = (
     "Predict the step time and throughput of a measured training run on another GPU, another "
-    "number of GPUs, or several nodes. The GPU's time is scaled by what bounds it (peak FLOP/s "
-    "or memory bandwidth): per kernel when the run has a profiler window (`gpulens run "
-    "--torch-profiler N`), else for the whole step from its FLOPs and DRAM bytes. The gradient "
-    "all-reduce comes from a ring model (calibrated on 1- and 2-GPU runs of the same workload in "
-    "the store), the data pipeline keeps its measured pace. The output names the method and its "
-    "error where it was validated.\n\n"
+    "number of GPUs or nodes, another batch size or another number of loader workers. The GPU's "
+    "time is scaled by what bounds it (peak FLOP/s or memory bandwidth): per kernel when the run "
+    "has a profiler window (`gpulens run --torch-profiler N`), else for the whole step from its "
+    "FLOPs and DRAM bytes. Another batch size rescales each kernel's op by its input shapes "
+    "(needs the profiler window). The gradient all-reduce comes from a ring model (calibrated on "
+    "1- and 2-GPU runs of the same workload in the store); the data pipeline keeps its measured "
+    "pace per worker. The output names the method and its error where it was validated.\n\n"
     "A RUN is a run id (or unique prefix, name, or 'latest') or a run directory.\n\n"
     "\b\nExamples:\n"
     "  gpulens predict latest --gpu H200\n"
+    "  gpulens predict latest --batch-size 256\n"
     "  gpulens predict 20261124-0812-ab12 --gpu A100 --gpus 8\n"
     "  gpulens predict latest --gpu H100 --gpus 8 --nodes 4 --network-gbps 400 --json"
 )
@@ -43,8 +45,18 @@ def register(app: typer.Typer) -> None:
 
 def predict(
     run: str = typer.Argument(..., help="The measured run (id, prefix, name, 'latest', or dir)."),
-    gpu: str = typer.Option(..., "--gpu", help="Target GPU (a catalog name, e.g. H100, A100)."),
+    gpu: str = typer.Option(
+        None, "--gpu", help="Target GPU (a catalog name, e.g. H100, A100) [default: the run's]."
+    ),
     gpus: int = typer.Option(1, "--gpus", help="GPUs per node (same per-GPU batch)."),
+    batch_size: int = typer.Option(
+        None,
+        "--batch-size",
+        help="Per-GPU batch size [default: the run's]; needs the run's profiler window.",
+    ),
+    workers: int = typer.Option(
+        None, "--workers", help="Data-loader workers per GPU [default: the run's]."
+    ),
     nodes: int = typer.Option(1, "--nodes", help="Nodes (hosts)."),
     network_gbps: float = typer.Option(
         None, "--network-gbps", help="Network between nodes, Gbit/s (needed with --nodes > 1)."
@@ -54,10 +66,17 @@ def predict(
     ),
     json_out: bool = typer.Option(False, "--json", help=common.JSON_HELP),
 ) -> None:
+    from gpulens.errors import UsageError
     from gpulens.predict.predictor import Target, predict_run
     from gpulens.store.queries import find_run
 
-    target = Target(gpu, gpus, nodes, network_gbps)  # checks the arguments before any reading
+    if gpu is None and gpus == 1 and nodes == 1 and batch_size is None and workers is None:
+        raise UsageError(
+            "say what to predict the run on: --gpu NAME, --gpus N, --nodes M, --batch-size B "
+            "or --workers W"
+        )
+    # checks the arguments before any reading
+    target = Target(gpu, gpus, nodes, network_gbps, batch_size, workers)
     prediction = predict_run(find_run(run), target, catalog)
     if json_out:
         common.emit_json(prediction.as_dict())
@@ -65,6 +84,7 @@ def predict(
     out = common.out
     t = prediction.target
     where = f"{t.gpus}x {prediction.target_gpu}" + (f" x {t.nodes} nodes" if t.nodes > 1 else "")
+    where += f", batch {t.batch_size}" + (f", {t.workers} workers" if t.workers else "")
     table = Table(title=f"{prediction.source_run} ({prediction.source_gpu}) on {where}")
     table.add_column("")
     table.add_column("predicted", justify="right")

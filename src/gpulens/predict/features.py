@@ -38,6 +38,7 @@ class RunFacts:
     ddp_bucket_mb: float | None
     trace: Path | None
     trace_steps: int
+    synthetic_data: bool = False  # batches made on the device: no loader to predict
 
     @property
     def overhead_s(self) -> float:
@@ -126,10 +127,12 @@ def run_facts(record) -> RunFacts:
         gpu_busy_s=_gpu_busy_s(record),
         flops_per_sample=_num(s.get("flops_per_sample")),
         dram_bw_util_pct=_num(gpu.get("dram_bw_util_pct")),
-        workers=int(s.get("workers") or 0),
+        # older records kept the loader's workers in the config only
+        workers=int(s.get("workers") if s.get("workers") is not None else eff.get("workers") or 0),
         ddp_bucket_mb=_num(eff.get("ddp_bucket_mb")),
         trace=trace if trace is not None and trace.is_file() else None,
         trace_steps=int(prof.get("steps") or 0),
+        synthetic_data=str(eff.get("data") or "") == "synthetic",
     )
 
 

@@ -15,11 +15,12 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from gpulens.errors import UsageError
+from gpulens.predict import batch as batch_model
 from gpulens.predict import roofline, validation
 from gpulens.predict.catalog import GpuSpec, find_gpu
 from gpulens.predict.communication import Communication, communication
@@ -34,21 +35,28 @@ LOADER_BOUND_SHARE = 0.05
 
 @dataclass(frozen=True)
 class Target:
-    """Where to predict: ``gpus`` GPUs of type ``gpu`` on each of ``nodes`` hosts joined by
-    ``network_gbps``. The per-GPU batch stays the measured one (data parallel)."""
+    """Where to predict: ``gpus`` GPUs of type ``gpu`` (None: the measured run's) on each of
+    ``nodes`` hosts joined by ``network_gbps``, at a per-GPU ``batch_size`` and with ``workers``
+    loader processes per GPU (None: the measured run's)."""
 
-    gpu: str
+    gpu: str | None
     gpus: int = 1
     nodes: int = 1
     network_gbps: float | None = None
+    batch_size: int | None = None
+    workers: int | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.gpu, str) or not self.gpu.strip():
+        if self.gpu is not None and (not isinstance(self.gpu, str) or not self.gpu.strip()):
             raise UsageError("give the target GPU: --gpu NAME (see the catalog, e.g. H100, A100)")
-        for name in ("gpus", "nodes"):
+        for name in ("gpus", "nodes", "batch_size", "workers"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise UsageError(f"--{name} must be a whole number >= 1, got {value!r}")
+            if value is None and name in ("batch_size", "workers"):
+                continue
+            low = 0 if name == "workers" else 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                flag = "--" + name.replace("_", "-")
+                raise UsageError(f"{flag} must be a whole number >= {low}, got {value!r}")
         gbps = self.network_gbps
         if gbps is not None and (not isinstance(gbps, (int, float)) or not gbps > 0):
             raise UsageError(f"--network-gbps must be a positive number, got {gbps!r}")
@@ -179,14 +187,66 @@ def _regression_ratio(
     return b / a, model.heldout_mape_pct
 
 
+def _batch_core(facts: RunFacts, core_s: float, batch: int, hw: roofline.Hardware):
+    """The GPU's time of a step at ``batch`` on the measured GPU, and a note."""
+    if facts.trace is None or facts.trace_steps < 1:
+        raise UsageError(
+            f"run {facts.run_id} has no profiler window, which --batch-size reads: rerun it "
+            "with `gpulens run WORKLOAD --torch-profiler 5`"
+        )
+    bs = batch_model.scale_batch(facts.trace, facts.trace_steps, facts.batch_size, batch, hw)
+    busy = min(1.0, bs.busy_s_per_step / core_s)
+    note = (
+        f"batch {facts.batch_size} -> {batch}: kernels {bs.busy_s_per_step * 1e3:.2f} -> "
+        f"{bs.scaled_s_per_step * 1e3:.2f} ms per step"
+    )
+    if bs.unknown_share > 0.05:
+        note += f" ({bs.unknown_share:.0%} of it from ops without shapes, kept)"
+    if busy >= HOST_BOUND_BUSY:
+        new = core_s + bs.scaled_s_per_step - bs.busy_s_per_step
+        if batch < facts.batch_size:
+            note += (
+                f"; a smaller batch can leave the GPU waiting for the host, whose own time per "
+                f"step a GPU-bound run does not show (here at most {core_s * 1e3:.1f} ms)"
+            )
+    else:
+        # The host set the pace: its launches do not grow with the batch, the kernels do.
+        new = max(core_s, bs.scaled_s_per_step)
+        note += f"; the host set this run's pace ({busy:.0%} GPU busy), kept as a floor"
+    return new, note
+
+
+def _loader_capacity(record, facts: RunFacts, loader_bound: bool) -> float | None:
+    """Samples/s the run's loader could deliver with its workers: its measured pace when the
+    run waited for it, else the workers' timed work (``--prep-timing``); None where unknown."""
+    if loader_bound:
+        return facts.batch_size / facts.step_s
+    from gpulens.stalls.prep_summary import summarize_prep
+
+    s = record.meta.get("summary") or {}
+    try:
+        prep = summarize_prep(
+            record.dir,
+            s.get("throughput_samples_per_s"),
+            start_unix_s=s.get("measured_start_unix_s"),
+            end_unix_s=s.get("measured_end_unix_s"),
+        )
+    except Exception as exc:  # no or damaged prep rows: the capacity stays unknown
+        log.debug("no prep timing in %s: %s", record.dir, exc)
+        return None
+    return (prep or {}).get("loader_capacity_samples_per_s")
+
+
 def predict_run(record, target: Target, catalog: Path | None = None) -> Prediction:
     """Predict ``record`` (a RunRecord of a training run on a GPU) on ``target``."""
     facts = run_facts(record)
     src_spec = find_gpu(facts.gpu_name, catalog)
-    tgt_spec = find_gpu(target.gpu, catalog)
+    tgt_spec = find_gpu(target.gpu, catalog) if target.gpu else src_spec
     column = roofline.peak_column(facts.precision, facts.workload)
     src = roofline.hardware(src_spec, column)
     tgt = roofline.hardware(tgt_spec, column)
+    batch = target.batch_size or facts.batch_size
+    workers = facts.workers if target.workers is None else target.workers
     params, _ = model_size(facts.workload)
     pairs = _store_pairs(facts) if target.total_gpus > 1 or facts.gpus > 1 else []
     comm: Communication = communication(params, facts.ddp_bucket_mb, pairs, src_spec)
@@ -197,16 +257,21 @@ def predict_run(record, target: Target, catalog: Path | None = None) -> Predicti
 
     loader_bound = facts.data_wait_s > LOADER_BOUND_SHARE * facts.step_s
     regimes = ["loader_bound"] * loader_bound + ["multi_gpu"] * (target.total_gpus != facts.gpus)
+    regimes += ["batch_size"] * (batch != facts.batch_size)
+    regimes += ["workers"] * (workers != facts.workers)
     fit_error = None
     if src_spec.gpu == tgt_spec.gpu:
         ratio, method = 1.0, "same_gpu"
     else:
         ratio, method, notes = _gpu_ratio(facts, core, src, tgt)
         fitted = _regression_ratio(facts, src_spec, tgt_spec, validation.error_pct(method))
-        if fitted is not None:
+        if fitted is not None and batch == facts.batch_size:
             (ratio, fit_error), method = fitted, "regression"
             notes.append(f"the regression of `gpulens fit` did better on held-out runs "
                          f"({fit_error:.1f}%)")  # fmt: skip
+    if batch != facts.batch_size:
+        core, note = _batch_core(facts, core, batch, src)
+        notes.append(note)
     error = validation.error_pct(method, *regimes)
     if fit_error is not None:
         error = max(fit_error, error or 0.0)
@@ -228,25 +293,55 @@ def predict_run(record, target: Target, catalog: Path | None = None) -> Predicti
             f"all-reduce of {comm.gradient_bytes / 1e6:.0f} MB gradients, exposed share "
             f"{comm.exposed_fraction:.2f} ({source})"
         )
-    busy = compute + comm_tgt + facts.h2d_s
-    if loader_bound:
-        # The loader delivered one batch per measured step: it stays at that pace.
-        data_wait = max(0.0, facts.step_s - busy)
-        notes.append("loader-bound run: data preparation is kept at its measured pace")
-    else:
-        data_wait = max(0.0, facts.data_wait_s + min(overhead, 0.0))
+    h2d = facts.h2d_s * batch / facts.batch_size
+    busy = compute + comm_tgt + h2d
+    data_wait = max(0.0, facts.data_wait_s + min(overhead, 0.0))
+    if workers != facts.workers and facts.synthetic_data:
+        raise UsageError(
+            f"run {facts.run_id} made its batches on the device (--data synthetic): it has no "
+            "loader whose workers could be predicted; predict from a run with --data DIR"
+        )
+    if workers != facts.workers and facts.workers == 0:
+        raise UsageError(
+            f"run {facts.run_id} loaded its data in the training process (workers 0): "
+            "--workers is predicted from a run with loader workers (`--workers 1` or more)"
+        )
+    if not facts.synthetic_data and (
+        loader_bound or batch != facts.batch_size or workers != facts.workers
+    ):
+        capacity = None if facts.workers == 0 and not loader_bound else (
+            _loader_capacity(record, facts, loader_bound)
+        )  # fmt: skip
+        if capacity:
+            # each worker prepares samples at its measured pace; the loader's step is the
+            # batch at that pace times the workers
+            loader_step = batch / (capacity * workers / max(facts.workers, 1))
+            data_wait = max(0.0, loader_step - busy) if loader_bound else max(
+                data_wait, loader_step - busy
+            )  # fmt: skip
+            if loader_bound:
+                notes.append(
+                    f"loader-bound run: {capacity:,.0f} samples/s from {facts.workers} workers, "
+                    f"scaled to {workers}"
+                )
+        elif workers < facts.workers or batch > facts.batch_size:
+            notes.append(
+                f"the loader kept up with {facts.workers} workers, its own speed is not "
+                "measured (`gpulens run ... --prep-timing`): it may not keep up at "
+                f"{workers} workers and batch {batch}"
+            )
     step = busy + data_wait
     if not math.isfinite(step) or step <= 0:
         raise UsageError(f"run {facts.run_id} has inconsistent phase times: cannot predict")
     return Prediction(
         source_run=facts.run_id,
-        target=target,
+        target=replace(target, gpu=tgt_spec.gpu, batch_size=batch, workers=workers),
         step_time_s=step,
-        throughput_samples_per_s=facts.batch_size * target.total_gpus / step,
+        throughput_samples_per_s=batch * target.total_gpus / step,
         components_s={
             "compute": compute,
             "communication": comm_tgt,
-            "data": data_wait + facts.h2d_s,
+            "data": data_wait + h2d,
         },
         validated_error_pct=error,
         method=method,

@@ -103,9 +103,9 @@ def op_flops_bytes(name: str, args: dict) -> tuple[float | None, float | None]:
     return flops, in_bytes + out * elt
 
 
-def read_kernels(trace_path: Path) -> list[Kernel]:
-    """The CUDA kernels (and device-side memsets and copies) of a torch profiler Chrome trace;
-    host-device copies are left out (PCIe, a figure the GPU swap does not change)."""
+def load_trace(trace_path: Path) -> tuple[dict, list[dict]]:
+    """The ops (by External id) and the device-side events (kernels, memsets, device-to-device
+    copies) of a torch profiler Chrome trace (``.json`` or ``.json.gz``)."""
     path = Path(trace_path)
     try:
         # a .gz trace (as torch's tensorboard handler writes them) is read as it is
@@ -120,11 +120,19 @@ def read_kernels(trace_path: Path) -> list[Kernel]:
         for e in events
         if e.get("cat") == "cpu_op" and "External id" in (e.get("args") or {})
     }
+    # host-device copies are left out: PCIe, a figure no GPU swap or batch model changes
     device = [
         e for e in events
         if e.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy") and e.get("dur") is not None
         and not (e.get("cat") == "gpu_memcpy" and "DtoD" not in str(e.get("name")))
     ]  # fmt: skip
+    return ops, device
+
+
+def read_kernels(trace_path: Path) -> list[Kernel]:
+    """The CUDA kernels (and device-side memsets and copies) of a torch profiler Chrome trace,
+    each with its launching op's FLOPs and bytes."""
+    ops, device = load_trace(trace_path)
     op_time: dict[object, float] = {}
     for e in device:
         ext = (e.get("args") or {}).get("External id")
@@ -144,3 +152,47 @@ def read_kernels(trace_path: Path) -> list[Kernel]:
         )
     log.debug("%d kernels in %s", len(kernels), trace_path)
     return kernels
+
+
+# A CUDA runtime call longer than this waited (a full launch queue, a copy to the host that
+# waits for its kernels) rather than worked: a launch takes 3-30 us.
+BLOCKED_CALL_S = 200e-6
+
+
+def host_issue_s_per_step(trace_path: Path, steps: int) -> float | None:
+    """The host's own time to issue one step (Python, dispatch, launches), from the profiler
+    window's CPU side: the span of the main thread's CUDA runtime calls less the time it spent
+    blocked in them (synchronisations, and launches or copies that waited on the GPU). None
+    where the trace holds no runtime calls or no steps."""
+    if steps < 1:
+        return None
+    path = Path(trace_path)
+    try:
+        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+        events = json.loads(raw)["traceEvents"]
+    except (OSError, EOFError, ValueError, KeyError, TypeError):
+        return None
+    runtime = [e for e in events if e.get("cat") == "cuda_runtime" and e.get("dur") is not None]
+    if not runtime:
+        return None
+    # the thread that launched most: the training loop's
+    counts: dict[object, int] = {}
+    for e in runtime:
+        counts[e.get("tid")] = counts.get(e.get("tid"), 0) + 1
+    tid = max(counts, key=counts.get)
+    mine = [e for e in runtime if e.get("tid") == tid and e.get("ts") is not None]
+    # the first launch to the end of the last: the window's steps less the Python before
+    # the first launch, which slim_records.py keeps (it drops the CPU ops)
+    span_us = max(float(e["ts"]) + float(e["dur"]) for e in mine) - min(
+        float(e["ts"]) for e in mine
+    )
+    blocked_us = 0.0
+    for e in runtime:
+        if e.get("tid") != tid:
+            continue
+        dur = float(e["dur"])
+        if "Synchronize" in str(e.get("name")):
+            blocked_us += dur
+        elif dur > BLOCKED_CALL_S * 1e6:
+            blocked_us += dur - BLOCKED_CALL_S * 1e6
+    return max(span_us - blocked_us, 0.0) * 1e-6 / steps

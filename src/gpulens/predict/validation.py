@@ -40,6 +40,8 @@ VALIDATED: dict[str, Validated] = {
         "kernels 64% of the step (H100: 93%)",
     ),
     "same_gpu": Validated(None, 0, "the measured GPU: only the all-reduce is modelled"),
+    "batch_size": Validated(None, 0, "another batch size on the measured GPU"),
+    "workers": Validated(None, 0, "another number of loader workers"),
     # Regimes whose error adds to the method's (the larger figure is shown).
     "loader_bound": Validated(
         13.1,

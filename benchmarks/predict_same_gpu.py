@@ -1,0 +1,179 @@
+"""Same-GPU validation of `gpulens predict` (issue 17): another batch size, and 2 GPUs from 1.
+
+    python benchmarks/predict_same_gpu.py RUNS.tgz [...] [--out FILE.json]
+
+RUNS are run directories, folders of runs, or .tgz files of them, as
+`benchmarks/predict_ladder.sh` bundles them. Batch: every profiled 1-GPU run predicts every run
+of the same workload, precision and GPU at another batch size (`predict --batch-size`). Cases
+whose target batch is one of the sizes the model was designed on (those of predict_session.sh,
+DESIGN_SIZES) are in-sample; the others (half the smaller, twice the larger) are held out.
+GPUs: each 1-GPU run predicts the 2-GPU DDP run of the same workload and batch measured beside
+it, with an empty store (the all-reduce model uncalibrated, as a new user's first prediction).
+"Naive" is the source's throughput unchanged (batch) or doubled (2 GPUs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+from predict_validation import load_records
+
+from gpulens.errors import UsageError
+from gpulens.predict.features import run_facts
+from gpulens.predict.predictor import Target, predict_run
+from gpulens.predict.validation import ape_pct
+
+# The batch sizes of benchmarks/predict_session.sh, on whose H100/H200 records the batch model
+# (batch.py: which dimensions carry the batch, the launch floor) was chosen.
+DESIGN_SIZES = {
+    "resnet18": (128, 256),
+    "resnet50": (64, 128),
+    "vgg16": (32, 64),
+    "vit_b_16": (32, 64),
+    "gpt2": (4, 8),
+}
+
+
+def _point(rec) -> dict | None:
+    try:
+        f = run_facts(rec)
+    except UsageError:
+        return None
+    s = rec.meta["summary"]
+    return {
+        "record": rec,
+        "run_id": f.run_id,
+        "gpu": f.gpu_name,
+        "key": (f.workload, f.precision, f.synthetic_data),
+        "batch": f.batch_size,
+        "gpus": f.gpus,
+        "profiled": f.trace is not None and f.trace_steps > 0,
+        "tput": float(s["throughput_samples_per_s"]),
+        "gpu_busy": None,
+    }
+
+
+def batch_cases(points: list[dict]) -> list[dict]:
+    groups = defaultdict(list)
+    for p in points:
+        if p["gpus"] == 1:
+            groups[(p["gpu"], *p["key"])].append(p)
+    rows = []
+    for (gpu, workload, _, _), ps in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        design = DESIGN_SIZES.get(workload, ())
+        for src in (p for p in ps if p["profiled"]):
+            for tgt in ps:
+                if tgt["batch"] == src["batch"]:
+                    continue
+                try:
+                    pred = predict_run(src["record"], Target(None, batch_size=tgt["batch"]))
+                except UsageError as exc:
+                    print(f"skipped {src['run_id']}: {exc}", file=sys.stderr)
+                    continue
+                held_out = tgt["batch"] not in design
+                rows.append({
+                    "gpu": gpu, "workload": workload,
+                    "from_batch": src["batch"], "to_batch": tgt["batch"],
+                    "factor": tgt["batch"] / src["batch"],
+                    "set": "held_out" if held_out and src["batch"] in design
+                    else "in_sample" if not held_out and src["batch"] in design else "other",
+                    "from": src["run_id"], "to": tgt["run_id"],
+                    "predicted_samples_per_s": pred.throughput_samples_per_s,
+                    "measured_samples_per_s": tgt["tput"],
+                    "ape_pct": ape_pct(pred.throughput_samples_per_s, tgt["tput"]),
+                    "naive_ape_pct": ape_pct(src["tput"], tgt["tput"]),
+                    "notes": list(pred.notes),
+                })  # fmt: skip
+    return rows
+
+
+def gpus_cases(points: list[dict]) -> list[dict]:
+    rows = []
+    for one in (p for p in points if p["gpus"] == 1):
+        for two in points:
+            same = two["key"] == one["key"] and two["batch"] == one["batch"]
+            if two["gpus"] != 2 or not same or two["gpu"] != one["gpu"]:
+                continue
+            pred = predict_run(one["record"], Target(None, gpus=2))
+            rows.append({
+                "gpu": one["gpu"], "workload": one["key"][0], "batch_size": one["batch"],
+                "from": one["run_id"], "to": two["run_id"],
+                "one_gpu_samples_per_s": one["tput"],
+                "predicted_samples_per_s": pred.throughput_samples_per_s,
+                "measured_samples_per_s": two["tput"],
+                "ape_pct": ape_pct(pred.throughput_samples_per_s, two["tput"]),
+                "naive_ape_pct": ape_pct(2 * one["tput"], two["tput"]),
+            })  # fmt: skip
+    return rows
+
+
+def _mape(rows: list[dict], field: str = "ape_pct") -> float | None:
+    return statistics.mean(r[field] for r in rows) if rows else None
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("runs", nargs="+", type=Path)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        # an empty store: no 1-/2-GPU pair of the same workload calibrates the all-reduce
+        os.environ["GPULENS_HOME"] = str(Path(tmp) / "home")
+        points = [p for p in map(_point, load_records(args.runs, Path(tmp))) if p]
+        batch = batch_cases(points)
+        gpus = gpus_cases(points)
+    print(f"{'gpu':<6} {'workload':<9} {'batch':>11} {'set':<9} {'pred':>8} {'meas':>8} "
+          f"{'err%':>6} {'naive%':>7}")  # fmt: skip
+    for r in batch:
+        change = f"{r['from_batch']}->{r['to_batch']}"
+        print(f"{r['gpu'][:6]:<6} {r['workload']:<9} {change:>11} {r['set']:<9} "
+              f"{r['predicted_samples_per_s']:8.0f} {r['measured_samples_per_s']:8.0f} "
+              f"{r['ape_pct']:+6.1f} {r['naive_ape_pct']:7.1f}")  # fmt: skip
+    summary = {}
+    for name in ("held_out", "in_sample", "other"):
+        rs = [r for r in batch if r["set"] == name]
+        if rs:
+            summary[f"batch_{name}"] = {"cases": len(rs), "mape_pct": _mape(rs),
+                                        "naive_mape_pct": _mape(rs, "naive_ape_pct")}  # fmt: skip
+    for lo, hi in ((1.9, 2.1), (3.9, 4.1), (7.9, 8.1)):
+        rs = [r for r in batch if lo <= max(r["factor"], 1 / r["factor"]) <= hi]
+        if rs:
+            summary[f"batch_x{round(hi)}"] = {
+                "cases": len(rs),
+                "mape_pct": _mape(rs),
+                "naive_mape_pct": _mape(rs, "naive_ape_pct"),
+            }
+    if gpus:
+        print("\n1 GPU -> 2 GPUs (DDP, same host, all-reduce uncalibrated)")
+        for r in gpus:
+            one = r["one_gpu_samples_per_s"]
+            print(f"  {r['workload']:<9} b{r['batch_size']:<4} 1 GPU {one:8.0f}"
+                  f"  2 GPUs predicted {r['predicted_samples_per_s']:8.0f} measured "
+                  f"{r['measured_samples_per_s']:8.0f}  err {r['ape_pct']:4.1f}%  "
+                  f"(x2: {r['naive_ape_pct']:4.1f}%)")  # fmt: skip
+        summary["gpus_1_to_2"] = {"cases": len(gpus), "mape_pct": _mape(gpus),
+                                  "naive_mape_pct": _mape(gpus, "naive_ape_pct")}  # fmt: skip
+    print("\nMAPE (throughput; naive: unchanged samples/s, or doubled for 2 GPUs)")
+    for name, t in summary.items():
+        print(f"  {name:<18} {t['cases']:3d} cases  MAPE {t['mape_pct']:5.1f}%  "
+              f"naive {t['naive_mape_pct']:5.1f}%")  # fmt: skip
+    if args.out:
+        doc = {
+            "command": "python " + " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
+            "summary": summary,
+            "batch_cases": batch,
+            "gpus_cases": gpus,
+        }
+        args.out.write_text(json.dumps(doc, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

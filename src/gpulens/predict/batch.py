@@ -1,0 +1,122 @@
+"""A step's GPU time at another batch size on the same GPU, from one profiler window.
+
+Each kernel's launching op recorded its input shapes. The tensors that carry the batch are
+found by their sizes: a dimension equal to the batch, or to the batch times the second
+dimension of a tensor that leads with it (tokens, patches: ``[B * T, C]``). Those dimensions are
+rescaled, the op's FLOPs and bytes recomputed, and the kernel's time above a fixed launch floor
+scales by the op's roofline-ideal time at the new batch over the old one. Weights keep their
+size (a convolution's weight, a matrix whose dimensions match no batch size, tensor lists such
+as the optimizer's), so a weight-gradient product that reads a large weight grows by less than
+the batch, and the optimizer not at all. Kernels whose op recorded no shapes keep their time.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpulens.errors import UsageError
+from gpulens.predict.roofline import Hardware
+from gpulens.predict.trace import _CONV_ARGS, load_trace, op_flops_bytes
+
+log = logging.getLogger(__name__)
+
+# The part of a kernel's time that no batch size changes (launch and tail); chosen on the
+# 20 committed cases (predict-records-7919c1d-*), where 2-4 us did best, before the ladder
+# of other batch sizes (predict-ladder-*) was scored.
+LAUNCH_FLOOR_S = 3e-6
+
+
+@dataclass(frozen=True)
+class BatchScaling:
+    """What a profiler window says about one step's GPU time at ``new_batch``."""
+
+    batch_size: int
+    new_batch: int
+    kernels: int
+    busy_s_per_step: float
+    scaled_s_per_step: float
+    unknown_share: float  # of the busy time: kernels whose op recorded no shapes (kept)
+
+    @property
+    def ratio(self) -> float:
+        return self.scaled_s_per_step / self.busy_s_per_step if self.busy_s_per_step else 1.0
+
+
+def _is_shape(dims) -> bool:
+    return isinstance(dims, list) and bool(dims) and all(isinstance(d, int) for d in dims)
+
+
+def batch_sizes(ops, batch_size: int) -> set[int]:
+    """The sizes a batch dimension takes in this window: the batch, and the batch times the
+    second dimension of every tensor that leads with it (``[B, T]`` -> ``B * T`` rows)."""
+    sizes = {batch_size}
+    for op in ops:
+        for dims in (op.get("args") or {}).get("Input Dims") or []:
+            if _is_shape(dims) and len(dims) >= 2 and dims[0] == batch_size and dims[1] > 1:
+                sizes.add(batch_size * dims[1])
+    return sizes
+
+
+def rescale_dims(op_name: str, dims: list, sizes: set[int], factor: float) -> list:
+    """``dims`` (an op's ``Input Dims``) with the first batch-carrying dimension of each tensor
+    multiplied by ``factor``; weights, vectors and tensor lists unchanged."""
+    out = []
+    for i, d in enumerate(dims):
+        weight = (op_name in _CONV_ARGS and i != 0) or (
+            op_name == "aten::convolution_backward" and i == 2
+        )
+        if not _is_shape(d) or len(d) < 2 or weight:
+            out.append(d)
+            continue
+        j = next((j for j, x in enumerate(d) if x in sizes), None)
+        out.append(d if j is None else d[:j] + [max(1, round(d[j] * factor))] + d[j + 1 :])
+    return out
+
+
+def scale_batch(
+    trace_path: Path, steps: int, batch_size: int, new_batch: int, hardware: Hardware
+) -> BatchScaling:
+    """One step's kernel time at ``batch_size`` (measured) and at ``new_batch`` (modelled)."""
+    if batch_size < 1 or new_batch < 1 or steps < 1:
+        raise UsageError("batch sizes and profiled steps must be whole numbers >= 1")
+    ops, device = load_trace(trace_path)
+    if not device:
+        raise UsageError("the profiler window holds no CUDA kernels: rerun with a GPU")
+    sizes = batch_sizes(ops.values(), batch_size)
+    factor = new_batch / batch_size
+    ratios: dict[object, float | None] = {}
+    busy = scaled = unknown = 0.0
+    for e in device:
+        t = float(e["dur"]) * 1e-6
+        ext = (e.get("args") or {}).get("External id")
+        if ext not in ratios:
+            ratios[ext] = _op_ratio(ops.get(ext), sizes, factor, hardware)
+        r = ratios[ext]
+        busy += t
+        if r is None:
+            unknown += t
+            r = 1.0
+        floor = min(LAUNCH_FLOOR_S, t)
+        scaled += floor + (t - floor) * r
+    log.debug("batch %d -> %d: %d kernels, ratio %.3f", batch_size, new_batch, len(device),
+              scaled / busy if busy else 1.0)  # fmt: skip
+    return BatchScaling(
+        batch_size, new_batch, len(device), busy / steps, scaled / steps,
+        unknown / busy if busy else 0.0,
+    )  # fmt: skip
+
+
+def _op_ratio(op: dict | None, sizes: set[int], factor: float, hw: Hardware) -> float | None:
+    """An op's ideal time at the new batch over the measured one; None without shapes."""
+    if op is None:
+        return None
+    name, args = op.get("name", ""), op.get("args") or {}
+    flops0, bytes0 = op_flops_bytes(name, args)
+    if flops0 is None or not bytes0:
+        return None
+    dims = rescale_dims(name, args.get("Input Dims") or [], sizes, factor)
+    flops1, bytes1 = op_flops_bytes(name, {**args, "Input Dims": dims})
+    ideal0 = hw.ideal_s(flops0, bytes0)
+    return hw.ideal_s(flops1 or 0.0, bytes1 or 0.0) / ideal0 if ideal0 > 0 else 1.0
