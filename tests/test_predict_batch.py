@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from gpulens.cli import main
 from gpulens.errors import UsageError
 from gpulens.predict import batch
