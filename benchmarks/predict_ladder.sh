@@ -9,7 +9,7 @@
 #        BATCH_CASES="vit_b_16:32,64" overrides the list (workload:size,size,...).
 # gpus:  the same workloads on 1 GPU and as 2-GPU DDP (same per-GPU batch): the all-reduce model
 #        predicts the second from the first, uncalibrated (no pair of its own in the store).
-# Then python benchmarks/predict_validation.py --same-gpu predict-ladder-*.tgz scores them.
+# Then python benchmarks/predict_same_gpu.py predict-ladder-*.tgz scores them.
 set -uo pipefail
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 GPULENS_HOME=${GPULENS_HOME:-/tmp/gpulens-ladder}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -21,8 +21,12 @@ ngpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
 commit=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 day=$(date +%F)
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.draw --format=csv,noheader
+# runs stop starting after BUDGET_S seconds, so that the bundle is always written inside a
+# device call's limit
+start_s=$(date +%s)
 one() {  # workload batch gpus profiler-steps
   local w=$1 b=$2 g=$3 p=$4 name="ladder-$1-b$2-g$3"
+  if (( $(date +%s) - start_s > ${BUDGET_S:-420} )); then echo "$name skipped: budget" >&2; return; fi
   local extra=(); [ "$p" -gt 0 ] && extra=(--torch-profiler "$p")
   [ "$g" -gt 1 ] && extra+=(--gpus "$g")
   CUDA_VISIBLE_DEVICES=${VISIBLE:-0} timeout 150 python3 -m gpulens.cli run "$w" --batch-size "$b" \
@@ -58,4 +62,5 @@ done
 python3 benchmarks/trace_host_summary.py "$GPULENS_HOME/runs" > "$GPULENS_HOME/runs/host_summary.json"
 tar czf "$GPULENS_HOME/full.tgz" -C "$GPULENS_HOME" runs
 python3 benchmarks/slim_records.py "$GPULENS_HOME/full.tgz" "$OUT/predict-ladder-$commit-$gpu-x$ngpu-$day.tgz"
-python3 benchmarks/predict_validation.py --same-gpu "$OUT/predict-ladder-$commit-$gpu-x$ngpu-$day.tgz" || true
+python3 benchmarks/predict_same_gpu.py "$OUT/predict-ladder-$commit-$gpu-x$ngpu-$day.tgz" \
+  --out "$OUT/predict_same_gpu-$commit-$gpu-x$ngpu-$day.json" || true

@@ -25,7 +25,7 @@ from gpulens.predict import roofline, validation
 from gpulens.predict.catalog import GpuSpec, find_gpu
 from gpulens.predict.communication import Communication, communication
 from gpulens.predict.features import RunFacts, model_size, run_facts
-from gpulens.predict.trace import read_kernels
+from gpulens.predict.trace import host_issue_s_per_step, read_kernels
 
 log = logging.getLogger(__name__)
 
@@ -204,10 +204,14 @@ def _batch_core(facts: RunFacts, core_s: float, batch: int, hw: roofline.Hardwar
         note += f" ({bs.unknown_share:.0%} of it from ops without shapes, kept)"
     if busy >= HOST_BOUND_BUSY:
         new = core_s + bs.scaled_s_per_step - bs.busy_s_per_step
-        if batch < facts.batch_size:
+        host_s = host_issue_s_per_step(facts.trace, facts.trace_steps)
+        if host_s is not None and host_s > new:
+            note += f"; the host needs {host_s * 1e3:.2f} ms to issue a step: it sets the pace"
+            new = host_s
+        elif host_s is None and batch < facts.batch_size:
             note += (
                 f"; a smaller batch can leave the GPU waiting for the host, whose own time per "
-                f"step a GPU-bound run does not show (here at most {core_s * 1e3:.1f} ms)"
+                f"step this trace does not show (here at most {core_s * 1e3:.1f} ms)"
             )
     else:
         # The host set the pace: its launches do not grow with the batch, the kernels do.
