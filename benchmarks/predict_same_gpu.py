@@ -114,6 +114,28 @@ def gpus_cases(points: list[dict]) -> list[dict]:
     return rows
 
 
+def workers_cases(allocate_json: Path) -> list[dict]:
+    """Loader workers: each measured point of a job's curve (benchmarks/allocate_workers_gpu.py,
+    every job loader-bound) predicting the others by the rule `predict --workers` applies to a
+    loader-bound run: each worker keeps its measured pace (the GPU never bound these jobs)."""
+    doc = json.loads(allocate_json.read_text())
+    curves = defaultdict(dict)
+    for r in doc["solo_curves"]:
+        curves[r["job"]][r["workers"]] = (r["samples_per_s"], r["ci95_pct"])
+    rows = []
+    for job, pts in curves.items():
+        for w0, (t0, ci0) in pts.items():
+            for w1, (t1, ci1) in pts.items():
+                if w0 != w1:
+                    rows.append({
+                        "workload": job, "from_workers": w0, "to_workers": w1,
+                        "predicted_samples_per_s": t0 * w1 / w0, "measured_samples_per_s": t1,
+                        "ape_pct": ape_pct(t0 * w1 / w0, t1), "naive_ape_pct": ape_pct(t0, t1),
+                        "ci95_pct": max(ci0, ci1),
+                    })  # fmt: skip
+    return rows
+
+
 def _mape(rows: list[dict], field: str = "ape_pct") -> float | None:
     return statistics.mean(r[field] for r in rows) if rows else None
 
@@ -122,6 +144,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="+", type=Path)
     ap.add_argument("--out", type=Path)
+    ap.add_argument(
+        "--workers-json",
+        type=Path,
+        help="an allocate_workers-*.json whose solo curves check the workers rule",
+    )
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         # an empty store: no 1-/2-GPU pair of the same workload calibrates the all-reduce
@@ -160,6 +187,15 @@ def main() -> int:
                   f"(x2: {r['naive_ape_pct']:4.1f}%)")  # fmt: skip
         summary["gpus_1_to_2"] = {"cases": len(gpus), "mape_pct": _mape(gpus),
                                   "naive_mape_pct": _mape(gpus, "naive_ape_pct")}  # fmt: skip
+    workers = workers_cases(args.workers_json) if args.workers_json else []
+    if workers:
+        steady = [r for r in workers if r["ci95_pct"] <= 10.0]
+        for name, rs in (("workers", workers), ("workers_ci_le_10pct", steady)):
+            summary[name] = {
+                "cases": len(rs),
+                "mape_pct": _mape(rs),
+                "naive_mape_pct": _mape(rs, "naive_ape_pct"),
+            }
     print("\nMAPE (throughput; naive: unchanged samples/s, or doubled for 2 GPUs)")
     for name, t in summary.items():
         print(f"  {name:<18} {t['cases']:3d} cases  MAPE {t['mape_pct']:5.1f}%  "
@@ -170,6 +206,7 @@ def main() -> int:
             "summary": summary,
             "batch_cases": batch,
             "gpus_cases": gpus,
+            "workers_cases": workers,
         }
         args.out.write_text(json.dumps(doc, indent=1, default=str))
     return 0
