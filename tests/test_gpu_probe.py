@@ -58,6 +58,8 @@ def fake(monkeypatch: pytest.MonkeyPatch, clock: Clock) -> FakeNvml:
 
 
 def open_probe(clock: Clock, indices: list[int] | None = None, **options: Any) -> Any:
+    # the window semantics are tested row by row: GPM at every 0.1 s sample, not once a second
+    options.setdefault("gpm_min_interval_s", 0.09)
     return open_gpu_probe(
         indices, monotonic=clock.monotonic, wall_time=clock.wall, sleep=clock.sleep, **options
     )
@@ -183,6 +185,22 @@ def test_hopper_like_gpu_gives_every_column(fake: FakeNvml, clock: Clock) -> Non
     assert table.num_rows == 2
     assert probe.last_sample_cost_s > 0
     assert probe.sample_count == 2
+
+
+def test_gpm_is_read_once_a_second_by_default(fake: FakeNvml, clock: Clock) -> None:
+    """GPM reads cost a launch-bound loop 2-4% at 10 Hz on an H100 (issue 19): by default the
+    probe reads GPM once a second while the other columns keep the sampling rate."""
+    from gpulens.probes.nvml.probe import GPM_INTERVAL_S
+
+    probe = open_gpu_probe([0], monotonic=clock.monotonic, wall_time=clock.wall, sleep=clock.sleep)
+    reads_at_open = fake.calls["nvmlGpmSampleGet"]
+    rows = take(probe, clock, 25, every_s=0.125)  # 3 s at 8 Hz (exact in binary)
+    gpm_rows = [r for r in rows if r["sm_activity_pct"] is not None]
+    assert GPM_INTERVAL_S == 1.0
+    assert len(gpm_rows) == 3  # one window a second, each a full second long
+    assert all(r["gpu_util_pct"] == 97.0 for r in rows)  # the rest at every sample
+    # one GPM read opens the first window, then one per second
+    assert fake.calls["nvmlGpmSampleGet"] - reads_at_open == 1 + 3
 
 
 def test_rows_fit_the_schema_with_a_64_bit_throttle_mask(fake: FakeNvml, clock: Clock) -> None:

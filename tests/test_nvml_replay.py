@@ -56,6 +56,8 @@ def test_replayed_fixture_gives_the_recorded_rows(
             assert described == meta["gpus"]
     probe = open_gpu_probe(
         meta.get("gpu_indices"),
+        # recorded with GPM read at every 10 Hz sample (before GPM_INTERVAL_S): replayed so
+        gpm_min_interval_s=meta.get("gpm_min_interval_s", 0.09),
         monotonic=replay.monotonic,
         wall_time=replay.wall_time,
         sleep=replay.sleep,

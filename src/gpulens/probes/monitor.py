@@ -23,6 +23,7 @@ from typing import Any
 from gpulens.errors import RuntimeFailure, UsageError
 from gpulens.launch.processes import forget, reap, spawn
 from gpulens.probes.base import Probe
+from gpulens.probes.nvml.probe import GPM_INTERVAL_S
 from gpulens.record.writer import RunWriter, SeriesWriter
 
 log = logging.getLogger(__name__)
@@ -92,6 +93,9 @@ class MonitorOverhead:
             if sampling_s
             else None,
             "monitor_isolated_process": self.isolated,
+            # GPM's columns (SM, tensor, DRAM activity) are read at most this often, not at
+            # every sample: each of their rows averages the window since the last one
+            "gpm_interval_s": GPM_INTERVAL_S,
         }
 
 

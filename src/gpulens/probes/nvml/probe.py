@@ -110,6 +110,14 @@ class NullGpuProbe:
         self.close()
 
 
+# GPM is read at most once a second, not at every 10 Hz sample: on an H100, sampler-only blocks
+# of a launch-bound loop (resnet18 bf16 batch 1) ran at 0.960 [0.934, 0.997] and 0.980 [0.944,
+# 0.996] of the plain loop with GPM read at 10 Hz, and at 0.987 and 0.998 without GPM
+# (benchmarks/results/launch_overhead-gpm-*, 2026-11-26). Its metrics are window averages, so
+# a longer window loses no activity, only time resolution.
+GPM_INTERVAL_S = 1.0
+
+
 class NvmlGpuProbe:
     """Samples NVML (and GPM where present) for the selected GPUs; one row per GPU per sample.
 
@@ -129,7 +137,7 @@ class NvmlGpuProbe:
         monotonic: Callable[[], float] = time.monotonic,
         wall_time: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
-        gpm_min_interval_s: float = 0.09,
+        gpm_min_interval_s: float = GPM_INTERVAL_S,
         gpm_probe_window_s: float = 0.12,
         gpm_zero_window_s: float = 0.5,
         pcie_throughput_fallback: bool = True,
@@ -139,8 +147,8 @@ class NvmlGpuProbe:
         """Open handles and probe each metric once; ``nvml`` is an initialised pynvml module.
 
         The probe takes over the caller's ``nvmlInit`` reference and releases it in ``close()``.
-        ``gpm_min_interval_s``: shorter GPM windows are not computed (NVML asks for about
-        100 ms); ``gpm_zero_window_s``: all-zero GPM windows shorter than this count as stale.
+        ``gpm_min_interval_s``: shorter GPM windows are not computed (NVML asks for at least
+        about 100 ms; the default reads GPM once a second, see GPM_INTERVAL_S); ``gpm_zero_window_s``: all-zero GPM windows shorter than this count as stale.
         ``pcie_throughput_fallback``: use nvmlDeviceGetPcieThroughput (about 20 ms per call)
         where neither GPM nor PCIe byte counters exist. ``energy_every_n``: read the energy
         counter (a slow call) only every n-th sample; the rows between hold null for it.
