@@ -169,6 +169,18 @@ def main() -> int:
         if rs:
             summary[f"batch_{name}"] = {"cases": len(rs), "mape_pct": _mape(rs),
                                         "naive_mape_pct": _mape(rs, "naive_ape_pct")}  # fmt: skip
+    # up: the question "what would a larger batch give"; down: below a GPU-bound run's batch
+    # the host's own pace (which a profiler window does not show) may bind instead
+    for name, pick in (("up", lambda r: r["factor"] > 1), ("down", lambda r: r["factor"] < 1)):
+        for subset in ("held_out", "out_of_sample", "all"):
+            keep = {"held_out": ("held_out",), "out_of_sample": ("held_out", "other")}
+            rs = [r for r in batch if pick(r) and r["set"] in keep.get(subset, (r["set"],))]
+            if rs:
+                summary[f"batch_{name}_{subset}"] = {
+                    "cases": len(rs),
+                    "mape_pct": _mape(rs),
+                    "naive_mape_pct": _mape(rs, "naive_ape_pct"),
+                }
     for lo, hi in ((1.9, 2.1), (3.9, 4.1), (7.9, 8.1)):
         rs = [r for r in batch if lo <= max(r["factor"], 1 / r["factor"]) <= hi]
         if rs:

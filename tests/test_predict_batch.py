@@ -195,46 +195,28 @@ def test_fewer_workers_of_a_run_whose_loader_kept_up_say_it_is_unknown():
     assert p.validated_error_pct is None or p.validated_error_pct > 0
 
 
-# -------------------------------------------------------------------- the host's own time
-def _runtime_trace(tmp_path: Path, blocked_us: float, steps: int = 5) -> Path:
-    """A window of ``steps`` steps, each 100 launches of 10 us every 30 us on the loop's
-    thread, then one launch that waited ``blocked_us`` on a full queue; a second thread
-    launches too, and a synchronize of 1 ms ends the window."""
-    events, t = [], 0.0
-    for _ in range(steps):
-        for _ in range(100):
-            events.append({"cat": "cuda_runtime", "name": "cudaLaunchKernel", "tid": 1,
-                           "ts": t, "dur": 10.0})  # fmt: skip
-            t += 30.0
-        events.append({"cat": "cuda_runtime", "name": "cudaLaunchKernel", "tid": 1,
-                       "ts": t, "dur": blocked_us})  # fmt: skip
-        t += blocked_us + 20.0
-    events.append({"cat": "cuda_runtime", "name": "cudaStreamSynchronize", "tid": 1,
-                   "ts": t, "dur": 1000.0})  # fmt: skip
-    events.append({"cat": "cuda_runtime", "name": "cudaLaunchKernel", "tid": 2, "ts": 0.0,
-                   "dur": 50000.0})  # fmt: skip
-    path = tmp_path / "trace.json"
-    path.write_text(json.dumps({"traceEvents": events}))
-    return path
+def test_the_validated_figures_are_the_committed_measurements():
+    """What `predict` prints as its error is what benchmarks/predict_same_gpu.py measured on
+    the committed ladders, not a number typed in."""
+    from gpulens.predict.validation import VALIDATED
+
+    results = Path(__file__).parents[1] / "benchmarks" / "results"
+    doc = json.loads(next(results.glob("predict_same_gpu-ladders-*.json")).read_text())
+    pairs = {
+        "batch_up": "batch_up_out_of_sample",
+        "batch_down": "batch_down_out_of_sample",
+        "workers": "workers",
+        "multi_gpu_same_gpu": "gpus_1_to_2",
+    }
+    for method, row in pairs.items():
+        assert VALIDATED[method].mape_pct == pytest.approx(
+            doc["summary"][row]["mape_pct"], abs=0.05
+        )
+        assert VALIDATED[method].cases == doc["summary"][row]["cases"]
 
 
-def test_the_host_issue_time_leaves_out_what_waited_on_the_gpu(tmp_path):
-    from gpulens.predict.trace import BLOCKED_CALL_S, host_issue_s_per_step
-
-    # 100 launches x 30 us + the blocked launch's first 200 us + 20 us per step
-    expected_s = (100 * 30.0 + BLOCKED_CALL_S * 1e6 + 20.0) * 1e-6
-    got = host_issue_s_per_step(_runtime_trace(tmp_path, blocked_us=5000.0), 5)
-    # the window's last step has no 20 us tail before the synchronize: within a launch
-    assert got == pytest.approx(expected_s, abs=30e-6)
-    # the same loop that never waited: only its own work
-    free = host_issue_s_per_step(_runtime_trace(tmp_path, blocked_us=15.0), 5)
-    assert free == pytest.approx((100 * 30.0 + 15.0 + 20.0) * 1e-6, abs=30e-6)
-
-
-def test_a_trace_without_runtime_calls_has_no_host_time(tmp_path):
-    from gpulens.predict.trace import host_issue_s_per_step
-
-    path = tmp_path / "trace.json"
-    path.write_text(json.dumps({"traceEvents": [{"cat": "kernel", "dur": 5.0, "ts": 0.0}]}))
-    assert host_issue_s_per_step(path, 5) is None
-    assert host_issue_s_per_step(tmp_path / "missing.json", 5) is None
+def test_a_larger_batch_prints_its_validated_error_and_a_smaller_one_its_own():
+    up = predict_run(_run(128), Target(None, batch_size=256))
+    down = predict_run(_run(256), Target(None, batch_size=128))
+    assert up.validated_error_pct == pytest.approx(5.8, abs=0.05)
+    assert down.validated_error_pct > 30  # the host's pace: said, not hidden

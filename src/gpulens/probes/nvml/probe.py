@@ -148,7 +148,8 @@ class NvmlGpuProbe:
 
         The probe takes over the caller's ``nvmlInit`` reference and releases it in ``close()``.
         ``gpm_min_interval_s``: shorter GPM windows are not computed (NVML asks for at least
-        about 100 ms; the default reads GPM once a second, see GPM_INTERVAL_S); ``gpm_zero_window_s``: all-zero GPM windows shorter than this count as stale.
+        about 100 ms; the default reads GPM once a second, see GPM_INTERVAL_S);
+        ``gpm_zero_window_s``: all-zero GPM windows shorter than this count as stale.
         ``pcie_throughput_fallback``: use nvmlDeviceGetPcieThroughput (about 20 ms per call)
         where neither GPM nor PCIe byte counters exist. ``energy_every_n``: read the energy
         counter (a slow call) only every n-th sample; the rows between hold null for it.
