@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from gpulens.errors import UsageError
-from gpulens.predict.catalog import CATALOG_DATE, COLUMNS, find_gpu, gpu_catalog
+from gpulens.predict.catalog import (
+    CATALOG_DATE,
+    COLUMNS,
+    OPTIONAL_COLUMNS,
+    find_gpu,
+    gpu_catalog,
+)
 
 REQUIRED = [
     "T4",
@@ -22,11 +28,13 @@ REQUIRED = [
 
 def test_required_gpus_have_source_and_date():
     df = gpu_catalog()
-    assert list(df.columns) == list(COLUMNS)
+    assert list(df.columns) == [*COLUMNS, *OPTIONAL_COLUMNS]
     for gpu in REQUIRED:
         row = df[df.gpu == gpu].iloc[0]
         assert row.source.startswith("https://") and row.date
         assert row.mem_bw_gb_s > 0 and row.fp32_tflops > 0
+        # the L2 size feeds the L2 rule: a source, or a plain word that it is unverified
+        assert row.l2_mb > 0 and (row.l2_source.startswith(("https://", "unverified")))
     assert df.date.max() == CATALOG_DATE
 
 
@@ -66,3 +74,12 @@ def test_bad_catalog_and_unknown_gpu_give_usage_errors(tmp_path):
         find_gpu("Voodoo3")
     with pytest.raises(UsageError, match="cannot read"):
         gpu_catalog(tmp_path / "missing.csv")
+
+
+def test_a_user_catalog_without_the_optional_l2_columns_still_loads(tmp_path):
+    user = tmp_path / "gpus.csv"
+    user.write_text(
+        ",".join(COLUMNS) + "\n" + "X1,x1,10,,20,20,,16,500,0,16,https://x,2026-11-26\n"
+    )
+    spec = find_gpu("X1", user)
+    assert spec.l2_mb is None and spec.mem_bw_gb_s == 500

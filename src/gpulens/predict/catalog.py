@@ -2,7 +2,8 @@
 
 Units as the vendors' data sheets give them: peaks in dense TFLOP/s (no sparsity), memory in
 GB and GB/s; ``nvlink_gb_s`` is NVIDIA's total over both directions (H100 SXM: 900), while
-``pcie_gb_s`` is one direction (PCIe 5.0 x16: 64). A user catalog must use the same units.
+``pcie_gb_s`` is one direction (PCIe 5.0 x16: 64); ``l2_mb`` is the L2 cache in MB (optional,
+with ``l2_source``). A user catalog must use the same units.
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ COLUMNS = (
     "source",
     "date",
 )
-_TEXT = ("gpu", "aliases", "source", "date")
+# Columns a user catalog may leave out (rows then lack the rule they feed).
+OPTIONAL_COLUMNS = ("l2_mb", "l2_source")
+_TEXT = ("gpu", "aliases", "source", "date", "l2_source")
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,8 @@ class GpuSpec:
     pcie_gb_s: float | None
     source: str
     date: str
+    l2_mb: float | None = None  # L2 cache; memory-bound kernels whose bytes fit it are kept
+    l2_source: str = ""
 
 
 def _read_rows(path: Path) -> list[dict[str, str]]:
@@ -88,9 +93,9 @@ def _specs(extra: Path | None) -> list[GpuSpec]:
             if not (row.get("gpu") or "").strip():
                 raise UsageError(f"GPU catalog {path}: a row has no gpu name; fill the gpu column")
             values = {
-                f.name: (row[f.name] or "").strip()
+                f.name: (row.get(f.name) or "").strip()
                 if f.name in _TEXT
-                else _to_float(row[f.name], path, f.name)
+                else _to_float(row.get(f.name), path, f.name)
                 for f in fields(GpuSpec)
             }
             spec = GpuSpec(**values)
@@ -100,7 +105,7 @@ def _specs(extra: Path | None) -> list[GpuSpec]:
 
 def gpu_catalog(extra: Path | None = None) -> pd.DataFrame:
     """The catalog as a DataFrame (bundled rows, overridden/extended by ``extra``)."""
-    return pd.DataFrame([s.__dict__ for s in _specs(extra)], columns=list(COLUMNS))
+    return pd.DataFrame([s.__dict__ for s in _specs(extra)], columns=[*COLUMNS, *OPTIONAL_COLUMNS])
 
 
 def _normalise(name: str) -> str:

@@ -133,8 +133,9 @@ HOST_BOUND_BUSY = 0.8
 
 def _gpu_ratio(
     facts: RunFacts, core_s: float, src: roofline.Hardware, tgt: roofline.Hardware
-) -> tuple[float, str, list[str]]:
-    """Target/source GPU time of a step, the method, and notes."""
+) -> tuple[float, str, list[str], bool]:
+    """Target/source GPU time of a step, the method, notes, and whether the host set the
+    step's pace (its GPU ran kernels under HOST_BOUND_BUSY of it)."""
     kernels = read_kernels(facts.trace) if facts.trace is not None else []
     if kernels and facts.trace_steps > 0:
         ks = roofline.scale_kernels(kernels, facts.trace_steps, src, tgt)
@@ -148,7 +149,7 @@ def _gpu_ratio(
                 "host's launches and Python) is kept as measured, and another machine's CPU "
                 "moves it"
             )
-        return busy * ks.ratio + (1.0 - busy), "kernel_roofline", notes
+        return busy * ks.ratio + (1.0 - busy), "kernel_roofline", notes, busy < HOST_BOUND_BUSY
     flops = facts.flops_per_step
     if not flops:
         raise UsageError(
@@ -166,7 +167,7 @@ def _gpu_ratio(
             f"no DRAM counter (GPM) in the run: bytes assumed at "
             f"{roofline.DEFAULT_FLOP_PER_BYTE:g} FLOP/byte"
         )
-    return split.ratio(src, tgt), "whole_step_roofline", notes
+    return split.ratio(src, tgt), "whole_step_roofline", notes, False
 
 
 def _regression_ratio(
@@ -268,7 +269,8 @@ def predict_run(record, target: Target, catalog: Path | None = None) -> Predicti
     if src_spec.gpu == tgt_spec.gpu:
         ratio, method = 1.0, "same_gpu"
     else:
-        ratio, method, notes = _gpu_ratio(facts, core, src, tgt)
+        ratio, method, notes, host_bound = _gpu_ratio(facts, core, src, tgt)
+        regimes += ["host_bound"] * host_bound
         fitted = _regression_ratio(facts, src_spec, tgt_spec, validation.error_pct(method))
         if fitted is not None and batch == facts.batch_size:
             (ratio, fit_error), method = fitted, "regression"

@@ -73,10 +73,11 @@ def bandwidth_bytes_per_s(spec: GpuSpec) -> float:
 
 @dataclass(frozen=True)
 class Hardware:
-    """The two roofline numbers of one GPU at one precision."""
+    """The two roofline numbers of one GPU at one precision, and its L2 cache (None: unknown)."""
 
     peak_flops_per_s: float
     bandwidth_bytes_per_s: float
+    l2_bytes: float | None = None
 
     @property
     def ridge_flop_per_byte(self) -> float:
@@ -87,7 +88,16 @@ class Hardware:
 
 
 def hardware(spec: GpuSpec, column: str) -> Hardware:
-    return Hardware(peak_flops_per_s(spec, column), bandwidth_bytes_per_s(spec))
+    l2 = spec.l2_mb * 1e6 if spec.l2_mb else None
+    return Hardware(peak_flops_per_s(spec, column), bandwidth_bytes_per_s(spec), l2)
+
+
+def fits_both_l2(nbytes: float, source: Hardware, target: Hardware) -> bool:
+    """Whether ``nbytes`` fit in the L2 cache of both GPUs: such a kernel's traffic stays in
+    L2 on either, so the GPUs' DRAM bandwidths do not set its time."""
+    if source.l2_bytes is None or target.l2_bytes is None:
+        return False
+    return nbytes < min(source.l2_bytes, target.l2_bytes)
 
 
 # ------------------------------------------------------------------------------ whole step
@@ -155,10 +165,13 @@ class Kernel:
 
     def scaled_s(self, source: Hardware, target: Hardware) -> float:
         """This kernel's time on ``target``: its ideal time on ``source`` (at most its measured
-        time) rescaled to ``target``'s peaks, plus the rest of its measured time unchanged.
+        time) rescaled to ``target``'s peaks, plus the rest of its measured time unchanged. A
+        memory-bound kernel whose bytes fit both GPUs' L2 caches keeps its time.
         Kernels with unknown bytes scale by the ratio of the peak their name points to."""
         bound = self.bound(source)
         if bound == "latency":
+            return self.duration_s
+        if bound == "memory" and self.measured and fits_both_l2(self.nbytes, source, target):
             return self.duration_s
         if self.measured:
             flops = self.flops or 0.0

@@ -27,17 +27,18 @@ VALIDATED: dict[str, Validated] = {
     "whole_step_roofline": Validated(
         1.9, 21, "resnet50 bf16 b128, synthetic data: 7 H100 records x 3 H200 measurements"
     ),
-    # `python benchmarks/predict_validation.py benchmarks/results/predict-records-7919c1d-*.tgz`
-    # (predict_validation-H100_H200-2026-11-25.json): both directions, 5 workloads x 2 batch
-    # sizes. Throughput 12.2% (kernel time alone 7.3%); the design that keeps a kernel's
-    # non-ideal time was chosen with these numbers in view (whole-kernel scaling: 20.0%, kernel
-    # time 15.7%), so the figure is in-sample until other GPUs are measured.
+    # `python benchmarks/predict_validation.py benchmarks/results/predict-records-7919c1d-*.tgz
+    # benchmarks/results/predict-ladder-*.tgz` (predict_validation-H100_H200-records_and_ladders-
+    # 2026-11-26.json): both directions, 5 workloads at 2-4 batch sizes, three machines. The
+    # rules (keep a kernel's non-ideal time; keep memory-bound kernels whose bytes fit both
+    # L2 caches) were chosen on the 7919c1d records; on the 26 cases with a ladder run (new
+    # measurements) it scores 7.2% too (kernel time 4.6%, unchanged 10.7%).
     "kernel_roofline": Validated(
-        12.2,
-        20,
-        "H100 <-> H200, resnet18/50, vgg16, vit_b_16, gpt2 bf16 at 2 batch sizes each; the "
-        "largest errors (vit_b_16 b32: 57% and 33%) are the H200 run's host: its GPU ran "
-        "kernels 64% of the step (H100: 93%)",
+        7.2,
+        44,
+        "H100 <-> H200, resnet18/50, vgg16, vit_b_16, gpt2 bf16, both runs' GPUs busy at least "
+        "80% of the step (kernel time alone: 4.8% over 64 cases; keeping the source's figure "
+        "unchanged: 9.0%)",
     ),
     "same_gpu": Validated(None, 0, "the measured GPU: only the all-reduce is modelled"),
     # `python benchmarks/predict_same_gpu.py` on predict-ladder-8311ffd-NVIDIA_H200-x2 and
@@ -70,6 +71,12 @@ VALIDATED: dict[str, Validated] = {
         "resnet18, resnet50, vit_b_16 (13-14%), gpt2",
     ),
     # Regimes whose error adds to the method's (the larger figure is shown).
+    "host_bound": Validated(
+        28.4,
+        15,
+        "the source run's GPU ran kernels under 80% of its step: its host set the pace, and "
+        "the other machine's host differs (same records and ladders as kernel_roofline)",
+    ),
     "loader_bound": Validated(
         13.1,
         9,
