@@ -15,7 +15,11 @@
 #   serve     issue 16: resnet50 + bert-base, highest rate at a 50 ms p99 SLO, batching on/off (~6 min)
 #   llm       issue 16: the generative tenant against a plain greedy loop (~3 min)
 #   overhead  issue 19: plain loop vs gpulens, resnet18 b1/b8/b64 and resnet50 b256, 5 pairs (~6 min)
-#   workers   issue 17: allocate-workers against an even split (~8 min)
+#   workers   issue 17: allocate-workers against an even split (~8 min). The bf16 default mix
+#             (resnet50, mobilenet_v3_small, resnet18) is loader-bound with near-equal curves
+#             (session 14: no gain); a mix whose curves differ, where a split can gain:
+#             ALLOC_JOBS=vit_b_16,resnet18,mobilenet_v3_small ALLOC_PRECISION=fp32 (vit_b_16
+#             fp32 should saturate at 2-3 JPEG workers, the others not within 12)
 #   agreement issue 15: examples/train_tracked.py, tracker API vs injection, 8 interleaved pairs
 #             over the script's own 20k files (~6 min)
 #   gpm       issue 19: does sampling GPM cost a launch-bound loop? sampler-only blocks with and
@@ -85,8 +89,9 @@ for part in $PARTS; do
       timeout 480 python3 benchmarks/launch_overhead.py --cases r18_b1,r18_b8,r18_b64,r50_b256 \
         --ablations "" --pairs 5 --out "$OUT/pending/launch_overhead-$commit-$gpu-$day.json" ;;
     workers)
-      timeout 540 python3 benchmarks/allocate_workers_gpu.py --jobs resnet50,mobilenet_v3_small,resnet18 \
-        --cpus 12 --grid 1,2,4,8 --images 10000 --duration 10 --precision bf16 --pin \
+      timeout 540 python3 benchmarks/allocate_workers_gpu.py \
+        --jobs "${ALLOC_JOBS:-resnet50,mobilenet_v3_small,resnet18}" \
+        --cpus 12 --grid 1,2,4,8 --images 10000 --duration 10 --precision "${ALLOC_PRECISION:-bf16}" --pin \
         --out "$OUT/pending/allocate_workers-$commit-$gpu-$day.json" ;;
     *)
       echo "unknown part '$part': use predict, sweep, serve, llm, overhead, workers, agreement, gpm or pin" >&2 ;;
