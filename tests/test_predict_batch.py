@@ -192,7 +192,8 @@ def test_workers_scale_a_loader_bound_run_until_the_gpu_binds(tmp_path):
 def test_fewer_workers_of_a_run_whose_loader_kept_up_say_it_is_unknown():
     p = predict_run(read_record(JPEG), Target(None, workers=4))
     assert any("its own speed is not measured" in n and "--prep-timing" in n for n in p.notes)
-    assert p.validated_error_pct is None or p.validated_error_pct > 0
+    # the validated figure is for loaders whose pace was measured: none is claimed here
+    assert p.validated_error_pct is None
 
 
 def test_the_validated_figures_are_the_committed_measurements():

@@ -84,10 +84,13 @@ def predict(
     out = common.out
     t = prediction.target
     where = f"{t.gpus}x {prediction.target_gpu}" + (f" x {t.nodes} nodes" if t.nodes > 1 else "")
-    where += f", batch {t.batch_size}" + (f", {t.workers} workers" if t.workers else "")
-    table = Table(title=f"{prediction.source_run} ({prediction.source_gpu}) on {where}")
+    table = Table(title=f"{prediction.source_run} ({prediction.source_gpu})")
     table.add_column("")
     table.add_column("predicted", justify="right")
+    table.add_row("on", where)
+    table.add_row("batch per GPU", f"{t.batch_size}")
+    if t.workers:
+        table.add_row("loader workers", f"{t.workers}")
     table.add_row("step time", f"{prediction.step_time_s * 1e3:.2f} ms")
     table.add_row("throughput", f"{prediction.throughput_samples_per_s:,.1f} samples/s")
     for name, value in prediction.components_s.items():

@@ -303,6 +303,7 @@ def predict_run(record, target: Target, catalog: Path | None = None) -> Predicti
     h2d = facts.h2d_s * batch / facts.batch_size
     busy = compute + comm_tgt + h2d
     data_wait = max(0.0, facts.data_wait_s + min(overhead, 0.0))
+    loader_unknown = False
     if workers != facts.workers and facts.synthetic_data:
         raise UsageError(
             f"run {facts.run_id} made its batches on the device (--data synthetic): it has no "
@@ -332,11 +333,14 @@ def predict_run(record, target: Target, catalog: Path | None = None) -> Predicti
                     f"scaled to {workers}"
                 )
         elif workers < facts.workers or batch > facts.batch_size:
+            loader_unknown = True
             notes.append(
                 f"the loader kept up with {facts.workers} workers, its own speed is not "
                 "measured (`gpulens run ... --prep-timing`): it may not keep up at "
                 f"{workers} workers and batch {batch}"
             )
+    if loader_unknown:
+        error = None  # the loader's own pace is what decides, and it was not measured
     step = busy + data_wait
     if not math.isfinite(step) or step <= 0:
         raise UsageError(f"run {facts.run_id} has inconsistent phase times: cannot predict")
