@@ -317,3 +317,21 @@ def test_max_nodes_adds_multi_node_options(capsys, small_catalog):
     assert two["time_h"] < one["time_h"] and two["cost_usd"] > one["cost_usd"] * 0.9
     # Any of two nodes can be revoked: twice the rate of one.
     assert opts[("p5.48xlarge", 2, "spot")]["revocations_per_h"] == pytest.approx(1.0)
+
+
+def test_an_old_price_on_the_pick_is_warned_even_when_the_catalog_is_fresh(capsys, tmp_path):
+    """The catalog's date is its newest row's; a recommended instance priced long before it
+    gets its own warning (verified prices can be months old)."""
+    extra = tmp_path / "mine.csv"
+    fresh = date.today().isoformat()
+    extra.write_text(
+        HEADER + "\nlab,cheap8,H200,8,64,512,100,0.01,,,home,2025-01-02,x,an old quote\n"
+        f"lab,fresh1,H100,1,8,64,10,50,,,home,{fresh},x,\n"
+    )
+    code, out, err = cli(capsys, "advise", str(SYNTHETIC), "--samples", "1e7", "--catalog",
+                         str(extra), "--json")  # fmt: skip
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["catalog_date"] == fresh
+    assert doc["recommended"]["instance"] == "cheap8"  # faster and cheaper than everything
+    assert any("cheap8's price is older" in w and "2025-01-02" in w for w in doc["warnings"])
