@@ -18,7 +18,7 @@ from pathlib import Path
 
 from gpulens.errors import UsageError
 from gpulens.predict.roofline import Hardware
-from gpulens.predict.trace import _CONV_ARGS, load_trace, op_flops_bytes
+from gpulens.predict.trace import CONV_ARGS, load_trace, op_flops_bytes
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ def rescale_dims(op_name: str, dims: list, sizes: set[int], factor: float) -> li
     multiplied by ``factor``; weights, vectors and tensor lists unchanged."""
     out = []
     for i, d in enumerate(dims):
-        weight = (op_name in _CONV_ARGS and i != 0) or (
+        weight = (op_name in CONV_ARGS and i != 0) or (
             op_name == "aten::convolution_backward" and i == 2
         )
         if not _is_shape(d) or len(d) < 2 or weight:

@@ -29,7 +29,7 @@ DTYPE_BYTES = {
     "c10::float8_e4m3fn": 1, "c10::float8_e5m2": 1,
 }  # fmt: skip
 # Where the stride, padding, dilation and groups arguments sit in each convolution op.
-_CONV_ARGS = {
+CONV_ARGS = {
     "aten::convolution": (3, 4, 5, 8),
     "aten::_convolution": (3, 4, 5, 8),
     "aten::cudnn_convolution": (3, 2, 4, 5),
@@ -75,9 +75,9 @@ def op_flops_bytes(name: str, args: dict) -> tuple[float | None, float | None]:
     elif name in ("aten::bmm", "aten::baddbmm") and len(mats) >= 2 and len(mats[-1]) == 3:
         (b, m, k), n = mats[-2], mats[-1][-1]
         flops, out = 2.0 * b * m * n * k, b * m * n
-    elif name in _CONV_ARGS and len(tensors) >= 2 and len(tensors[0]) == 4:
+    elif name in CONV_ARGS and len(tensors) >= 2 and len(tensors[0]) == 4:
         (batch, _, h, w), (o, cg, kh, kw) = tensors[0], tensors[1]
-        si, pi, di, gi = _CONV_ARGS[name]
+        si, pi, di, gi = CONV_ARGS[name]
         pick = lambda i, n: _ints(concrete[i] if i < len(concrete) else "", n)  # noqa: E731
         (sh, sw), (ph, pw), (dh, dw) = pick(si, 2), pick(pi, 2), pick(di, 2)
         ho = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
