@@ -236,6 +236,27 @@ def run_gpulens(case: dict, steps: int, runs_root: Path, arm: str = "gpulens") -
 
 
 # ------------------------------------------------------------------------------ short blocks
+def sm_clock_reader():
+    """A function returning the GPU's current SM clock in MHz (None without NVML): read
+    between blocks, never inside one, to see whether the launch-bound loop's block-to-block
+    spread follows the clock (the GPU idles between small kernels and may clock down)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(DEVICE.index or 0)
+    except Exception:
+        return lambda: None
+
+    def read() -> float | None:
+        try:
+            return float(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM))
+        except Exception:
+            return None
+
+    return read if DEVICE.type == "cuda" else (lambda: None)
+
+
 # Seconds a sampler started for a block runs before the block is timed (3 samples at 10 Hz).
 SAMPLER_SETTLE_S = 0.3
 
@@ -312,9 +333,14 @@ def run_blocks(
         return rate
 
     ratios, plain_rates, inst_rates = [], [], []
+    clock = sm_clock_reader()
+    clocks: dict[bool, list[float | None]] = {False: [], True: []}
     for pair in range(pairs):
         order = (False, True) if pair % 2 == 0 else (True, False)
-        got = {flag: block(flag) for flag in order}
+        got = {}
+        for flag in order:
+            got[flag] = block(flag)
+            clocks[flag].append(clock())  # just after the block, outside its timing
         plain_rates.append(got[False])
         inst_rates.append(got[True])
         ratios.append(got[True] / got[False])
@@ -329,6 +355,8 @@ def run_blocks(
         "plain_samples_per_s": [round(r, 2) for r in plain_rates],
         "instrumented_samples_per_s": [round(r, 2) for r in inst_rates],
         "ratio_to_plain": [round(r, 4) for r in ratios],
+        "sm_clock_mhz_after_plain": clocks[False],
+        "sm_clock_mhz_after_instrumented": clocks[True],
         "ratio_median": round(statistics.median(ratios), 4),
         "ratio_mean": round(statistics.fmean(ratios), 4),
         "ratio_ci95": interval95(ratios),
