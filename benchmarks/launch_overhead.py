@@ -279,7 +279,8 @@ def run_blocks(
     differ by the step timer alone (its cost, free of the sampler's start-up).
     ``sampler_only``: instrumented = the plain step with only a sampler running (started
     outside the timed block): ``host`` (host probe), ``gpu_no_gpm`` (GPU probe without GPM, and
-    the host), ``gpu`` (both probes, as in a run): what each part of the sampler costs."""
+    the host), ``gpu`` (both probes, as in a run: GPM once a second), ``gpu_gpm10hz`` (GPM at
+    every 10 Hz sample, as before 838a8f6): what each part of the sampler costs."""
     from gpulens.probes.monitor import Monitor, ProbeSpec
     from gpulens.probes.steps import StepTimer
     from gpulens.record.schema import STEPS_SCHEMA
@@ -303,6 +304,8 @@ def run_blocks(
         gpu_options: dict[str, Any] = {"indices": [DEVICE.index or 0]}
         if sampler_only == "gpu_no_gpm":
             gpu_options["gpm"] = False
+        if sampler_only == "gpu_gpm10hz":  # GPM at every sample, as before GPM_INTERVAL_S
+            gpu_options["gpm_min_interval_s"] = 0.09
         probes.insert(0, ProbeSpec("gpu", gpu_options))
 
     background = Monitor(writer, probes, hz=10.0).start() if sampler_throughout else None
@@ -405,7 +408,8 @@ def main() -> int:
     ap.add_argument(
         "--sampler-blocks",
         default="",
-        help="sampler-only block modes to run (host,gpu_no_gpm,gpu): the plain step against "
+        help="sampler-only block modes to run (host,gpu_no_gpm,gpu,gpu_gpm10hz): the plain step "
+        "against "
         "the plain step with only that sampler running",
     )
     ap.add_argument("--no-timer-blocks", action="store_true", help="skip the blocks of --blocks")

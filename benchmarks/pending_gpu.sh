@@ -22,8 +22,9 @@
 #             fp32 should saturate at 2-3 JPEG workers, the others not within 12)
 #   agreement issue 15: examples/train_tracked.py, tracker API vs injection, 8 interleaved pairs
 #             over the script's own 20k files (~6 min)
-#   gpm       issue 19: does sampling GPM cost a launch-bound loop? sampler-only blocks with and
-#             without GPM, 60 pairs, r18 b8 and b1 (~6 min; run on an H100 and an H200)
+#   gpm       issue 19: does sampling GPM cost a launch-bound loop? sampler-only blocks with GPM
+#             once a second (the default since 838a8f6), at every 10 Hz sample, and without,
+#             40 pairs each, r18 b8 and b1, SM clock after every block (~8 min; H100 and H200)
 #   pin       issue 19: is the launch-bound noise the host's scheduling? r18 b8 and b1 whole-run
 #             pairs, unpinned, then the same pinned to 4 CPUs of distinct physical cores (~4 min)
 #
@@ -67,7 +68,7 @@ for part in $PARTS; do
         2> "$OUT/pending/agreement.log" | tail -4 ;;
     gpm)
       timeout 560 python3 benchmarks/launch_overhead.py --cases r18_b8,r18_b1 --no-whole-runs \
-        --no-timer-blocks --blocks 60 --block-s 0.5 --sampler-blocks gpu,gpu_no_gpm \
+        --no-timer-blocks --blocks 40 --block-s 0.5 --sampler-blocks gpu,gpu_gpm10hz,gpu_no_gpm \
         --ablations "" --no-tracker --out "$OUT/pending/launch_overhead-gpm-$commit-$gpu-$day.json" \
         | grep -v "^  pair" | tail -8 ;;
     pin)
