@@ -56,6 +56,9 @@ def test_run_json_contract_on_cpu(capsys, gpulens_home):
     assert rec.meta["requested_config"]["batch_size"] == 8
     assert rec.meta["effective_config"]["batch_size"] == 8
     assert rec.meta["unsupported"]["gpu"] == "the run used the CPU"
+    # the host's issue time is probed on an idle GPU only: on the CPU it is null, not a guess
+    summary = rec.meta["summary"]
+    assert "host_issue_s_per_step" in summary and summary["host_issue_s_per_step"] is None
     assert len(rec.series("host")) >= 1
 
 

@@ -4,6 +4,7 @@ throughput's confidence-interval target is met, timing every step."""
 from __future__ import annotations
 
 import logging
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +26,10 @@ ProgressFn = Callable[[int, int | None, float, dict[str, Any]], None]
 MIN_GPU_TIMED_STEPS = 10  # GPU step times enough for the throughput interval
 MANY_STEPS = 200  # host step times' edge effects are negligible over this many steps
 PROGRESS_EVERY_S = 0.1  # the progress callback at most this often (and on the last step)
+# The last warm-up steps of a single-process GPU run each start on an idle GPU (after a
+# synchronize) and time how long the host takes to issue the step: its own pace, which a
+# GPU-bound step hides and a profiler window distorts (see gpulens.predict.batch).
+HOST_PROBE_STEPS = 3
 
 
 @dataclass
@@ -36,6 +41,7 @@ class LoopResult:
     t_measure1: float
     stop_reason: str
     flops_per_step: float | None
+    host_issue_s: float | None = None  # median of the warm-up probes; None where not probed
 
 
 class StopControl:
@@ -88,6 +94,10 @@ def measured_loop(
     # Synthetic batches are made in the model's memory format: no per-step reformat call.
     reformat = eff.channels_last and eff.data != "synthetic"
     last_progress_s = -PROGRESS_EVERY_S
+    probe_from = warmup - HOST_PROBE_STEPS if cuda and control is None else None
+    if probe_from is not None and probe_from < 2:  # step 0 may count FLOPs: leave it alone
+        probe_from = None
+    host_issue: list[float] = []
     while True:
         timer.warmup_steps = warmup
         timer.begin_step()
@@ -109,6 +119,11 @@ def measured_loop(
         timer.copy_done()
         if step == 0 and eff.count_flops and control is None:
             flops_per_step = (flop_counter or count_flops)(lambda x=x, y=y: step_fn(x, y))
+        elif probe_from is not None and probe_from <= step < warmup:
+            torch.cuda.synchronize(device)
+            t_issue = time.perf_counter()
+            step_fn(x, y)
+            host_issue.append(time.perf_counter() - t_issue)
         else:
             step_fn(x, y)
         timer.end_step(samples=samples_per_step)
@@ -155,7 +170,8 @@ def measured_loop(
         elapsed = time.perf_counter() - (measure_start or t_run0)
         progress(step, (max_steps + warmup) if max_steps else None, elapsed, {})
     wall_measured_s = time.perf_counter() - (measure_start or t_run0)
-    return LoopResult(wall_measured_s, t_measure0, t_measure1, stop_reason, flops_per_step)
+    probed = statistics.median(host_issue) if host_issue else None
+    return LoopResult(wall_measured_s, t_measure0, t_measure1, stop_reason, flops_per_step, probed)
 
 
 def count_flops(fn: Callable[[], Any]) -> float | None:
