@@ -240,6 +240,54 @@ def _loader_capacity(record, facts: RunFacts, loader_bound: bool) -> float | Non
     return (prep or {}).get("loader_capacity_samples_per_s")
 
 
+def _loader_wait(
+    record,
+    facts: RunFacts,
+    busy_s: float,
+    data_wait_s: float,
+    batch: int,
+    workers: int,
+    loader_bound: bool,
+) -> tuple[float, list[str], bool]:
+    """The data wait per step at ``batch`` and ``workers``, notes, and whether the loader's own
+    pace decides it without having been measured."""
+    if workers != facts.workers and facts.synthetic_data:
+        raise UsageError(
+            f"run {facts.run_id} made its batches on the device (--data synthetic): it has no "
+            "loader whose workers could be predicted; predict from a run with --data DIR"
+        )
+    if workers != facts.workers and facts.workers == 0:
+        raise UsageError(
+            f"run {facts.run_id} loaded its data in the training process (workers 0): "
+            "--workers is predicted from a run with loader workers (`--workers 1` or more)"
+        )
+    unchanged = batch == facts.batch_size and workers == facts.workers
+    if facts.synthetic_data or (unchanged and not loader_bound):
+        return data_wait_s, [], False
+    capacity = None
+    if facts.workers > 0 or loader_bound:
+        capacity = _loader_capacity(record, facts, loader_bound)
+    if capacity:
+        # each worker prepares samples at its measured pace; the loader's step is the batch
+        # at that pace times the workers
+        loader_step = batch / (capacity * workers / max(facts.workers, 1))
+        if not loader_bound:
+            return max(data_wait_s, loader_step - busy_s), [], False
+        note = (
+            f"loader-bound run: {capacity:,.0f} samples/s from {facts.workers} workers, "
+            f"scaled to {workers}"
+        )
+        return max(0.0, loader_step - busy_s), [note], False
+    if workers < facts.workers or batch > facts.batch_size:
+        note = (
+            f"the loader kept up with {facts.workers} workers, its own speed is not measured "
+            f"(`gpulens run ... --prep-timing`): it may not keep up at {workers} workers and "
+            f"batch {batch}"
+        )
+        return data_wait_s, [note], True
+    return data_wait_s, [], False
+
+
 def predict_run(record, target: Target, catalog: Path | None = None) -> Prediction:
     """Predict ``record`` (a RunRecord of a training run on a GPU) on ``target``."""
     facts = run_facts(record)
@@ -303,42 +351,10 @@ def predict_run(record, target: Target, catalog: Path | None = None) -> Predicti
     h2d = facts.h2d_s * batch / facts.batch_size
     busy = compute + comm_tgt + h2d
     data_wait = max(0.0, facts.data_wait_s + min(overhead, 0.0))
-    loader_unknown = False
-    if workers != facts.workers and facts.synthetic_data:
-        raise UsageError(
-            f"run {facts.run_id} made its batches on the device (--data synthetic): it has no "
-            "loader whose workers could be predicted; predict from a run with --data DIR"
-        )
-    if workers != facts.workers and facts.workers == 0:
-        raise UsageError(
-            f"run {facts.run_id} loaded its data in the training process (workers 0): "
-            "--workers is predicted from a run with loader workers (`--workers 1` or more)"
-        )
-    if not facts.synthetic_data and (
-        loader_bound or batch != facts.batch_size or workers != facts.workers
-    ):
-        capacity = None if facts.workers == 0 and not loader_bound else (
-            _loader_capacity(record, facts, loader_bound)
-        )  # fmt: skip
-        if capacity:
-            # each worker prepares samples at its measured pace; the loader's step is the
-            # batch at that pace times the workers
-            loader_step = batch / (capacity * workers / max(facts.workers, 1))
-            data_wait = max(0.0, loader_step - busy) if loader_bound else max(
-                data_wait, loader_step - busy
-            )  # fmt: skip
-            if loader_bound:
-                notes.append(
-                    f"loader-bound run: {capacity:,.0f} samples/s from {facts.workers} workers, "
-                    f"scaled to {workers}"
-                )
-        elif workers < facts.workers or batch > facts.batch_size:
-            loader_unknown = True
-            notes.append(
-                f"the loader kept up with {facts.workers} workers, its own speed is not "
-                "measured (`gpulens run ... --prep-timing`): it may not keep up at "
-                f"{workers} workers and batch {batch}"
-            )
+    data_wait, loader_notes, loader_unknown = _loader_wait(
+        record, facts, busy, data_wait, batch, workers, loader_bound
+    )
+    notes += loader_notes
     if loader_unknown:
         error = None  # the loader's own pace is what decides, and it was not measured
     step = busy + data_wait
