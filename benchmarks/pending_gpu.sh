@@ -40,7 +40,7 @@ mkdir -p "$OUT/pending"
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | tr ' ' '_')
 gpu=${gpu:-cpu}
 day=$(date +%F)
-commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+commit=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 step() { echo "=== $* ($(date +%T))" >&2; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.draw --format=csv,noheader || true
 
