@@ -116,6 +116,33 @@ def test_a_smaller_batch_from_a_gpu_bound_run_says_what_it_cannot_know():
     assert any("waiting for the host" in n for n in p.notes)
 
 
+def _with_host_probe(tmp_path: Path, batch_size: int, host_issue_s: float):
+    """The fixture run at ``batch_size`` as if its warm-up had probed the host's issue time."""
+    import shutil
+
+    dest = tmp_path / f"probed_{host_issue_s}"
+    shutil.copytree(_run(batch_size).dir, dest)
+    meta = json.loads((dest / "run.json").read_text())
+    meta["summary"]["host_issue_s_per_step"] = host_issue_s
+    (dest / "run.json").write_text(json.dumps(meta))
+    return read_record(dest)
+
+
+def test_a_probed_host_is_the_floor_of_a_smaller_batch(tmp_path):
+    # The host-bound b64 run's compute phase is what its host took per step; a GPU-bound b256
+    # run whose probe saw that time predicts b64 at the host's pace, not the kernels'.
+    host_s = _run(64).meta["summary"]["phases_s"]["compute"]
+    unprobed = predict_run(_run(256), Target(None, batch_size=64))
+    probed = predict_run(_with_host_probe(tmp_path, 256, host_s), Target(None, batch_size=64))
+    assert probed.step_time_s > unprobed.step_time_s * 1.1
+    assert abs(probed.throughput_samples_per_s - _measured(64)) / _measured(64) < 0.05
+    assert any("warm-up probe" in n for n in probed.notes)
+    assert not any("did not probe" in n for n in probed.notes)
+    # a probe under the kernels' time changes nothing
+    fast = predict_run(_with_host_probe(tmp_path, 256, 1e-4), Target(None, batch_size=64))
+    assert fast.step_time_s == pytest.approx(unprobed.step_time_s)
+
+
 def test_batch_size_without_a_profiler_window_names_the_fix(tmp_path):
     src = _run(128)
     dst = tmp_path / "run"

@@ -39,6 +39,7 @@ class RunFacts:
     trace: Path | None
     trace_steps: int
     synthetic_data: bool = False  # batches made on the device: no loader to predict
+    host_issue_s: float | None = None  # the host's issue of a step on an idle GPU (warm-up probe)
 
     @property
     def overhead_s(self) -> float:
@@ -133,6 +134,7 @@ def run_facts(record) -> RunFacts:
         trace=trace if trace is not None and trace.is_file() else None,
         trace_steps=int(prof.get("steps") or 0),
         synthetic_data=str(eff.get("data") or "") == "synthetic",
+        host_issue_s=_num(s.get("host_issue_s_per_step")),
     )
 
 

@@ -206,12 +206,23 @@ def _batch_core(facts: RunFacts, core_s: float, batch: int, hw: roofline.Hardwar
     if busy >= HOST_BOUND_BUSY:
         new = core_s + bs.scaled_s_per_step - bs.busy_s_per_step
         if batch < facts.batch_size:
-            # The profiler window cannot show the host's own time per step: under the
-            # profiler the host runs 1.3-2.5x slower (H100 ladder, 2026-11-26).
-            note += (
-                "; a smaller batch can leave the GPU waiting for the host, whose own time per "
-                "step a GPU-bound run does not show: this prediction is then too fast"
-            )
+            if facts.host_issue_s is not None:
+                # The host's launches do not shrink with the batch: the warm-up probe's time to
+                # issue a step on an idle GPU is the floor the GPU's shorter step cannot go under.
+                if facts.host_issue_s > new:
+                    note += (
+                        f"; the host takes {facts.host_issue_s * 1e3:.2f} ms to issue a step "
+                        "(warm-up probe): it sets the pace, as a floor"
+                    )
+                new = max(new, facts.host_issue_s)
+            else:
+                # The profiler window cannot show the host's own time per step: under the
+                # profiler the host runs 1.3-2.5x slower (H100 ladder, 2026-11-26).
+                note += (
+                    "; a smaller batch can leave the GPU waiting for the host, whose own time "
+                    "per step this run did not probe (a run recorded by a newer gpulens "
+                    "does): this prediction is then too fast"
+                )
     else:
         # The host set the pace: its launches do not grow with the batch, the kernels do.
         new = max(core_s, bs.scaled_s_per_step)
