@@ -136,7 +136,7 @@ def test_a_probed_host_is_the_floor_of_a_smaller_batch(tmp_path):
     probed = predict_run(_with_host_probe(tmp_path, 256, host_s), Target(None, batch_size=64))
     assert probed.step_time_s > unprobed.step_time_s * 1.1
     assert abs(probed.throughput_samples_per_s - _measured(64)) / _measured(64) < 0.05
-    assert any("warm-up probe" in n for n in probed.notes)
+    assert any("probed after the measured steps" in n for n in probed.notes)
     assert not any("did not probe" in n for n in probed.notes)
     # a probe under the kernels' time changes nothing
     fast = predict_run(_with_host_probe(tmp_path, 256, 1e-4), Target(None, batch_size=64))

@@ -162,3 +162,51 @@ def test_sampled_rows_reach_the_series_within_a_few_steps(stream, tmp_path):
     # step 0 is timed; it is read back a few steps later, and the rows after it follow
     assert timer.rows[0]["gpu_step_time_s"] == pytest.approx(H2D_S + COMPUTE_S)
     assert len(w.read_series("steps")) >= 20 - 1 - timer.resolve_every - 1
+
+
+# ------------------------------------------------------------------- host issue probe
+def test_the_host_probe_times_each_step_from_an_idle_gpu(monkeypatch):
+    import time as _time
+
+    import torch
+
+    from gpulens.workloads import loop
+
+    events: list[str] = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: events.append("sync"))
+    batches = iter([(1, 1)] * 3)  # fewer batches than probe steps: the probe stops with them
+
+    def step(x, y):
+        events.append("step")
+        _time.sleep(0.004)
+
+    issue_s = loop.probe_host_issue(lambda: next(batches), step, torch.device("cpu"), steps=5)
+    # every step starts after a synchronize, and the GPU is drained before the run goes on
+    assert events == ["sync", "step"] * 3 + ["sync"]
+    assert 0.004 <= issue_s < 0.05
+
+
+def test_the_host_probe_keeps_to_its_budget_and_says_none_without_data(monkeypatch):
+    import time as _time
+
+    import torch
+
+    from gpulens.workloads import loop
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    calls = []
+
+    def slow_step(x, y):
+        calls.append(1)
+        _time.sleep(0.03)
+
+    batches = iter([(1, 1)] * 10)
+    issue_s = loop.probe_host_issue(
+        lambda: next(batches), slow_step, torch.device("cpu"), steps=10, budget_s=0.05
+    )
+    assert len(calls) == 2 and issue_s >= 0.03  # stopped once the budget was spent
+
+    def no_data():
+        raise StopIteration
+
+    assert loop.probe_host_issue(no_data, slow_step, torch.device("cpu")) is None

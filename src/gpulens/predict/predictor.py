@@ -207,12 +207,12 @@ def _batch_core(facts: RunFacts, core_s: float, batch: int, hw: roofline.Hardwar
         new = core_s + bs.scaled_s_per_step - bs.busy_s_per_step
         if batch < facts.batch_size:
             if facts.host_issue_s is not None:
-                # The host's launches do not shrink with the batch: the warm-up probe's time to
+                # The host's launches do not shrink with the batch: the probe's time to
                 # issue a step on an idle GPU is the floor the GPU's shorter step cannot go under.
                 if facts.host_issue_s > new:
                     note += (
                         f"; the host takes {facts.host_issue_s * 1e3:.2f} ms to issue a step "
-                        "(warm-up probe): it sets the pace, as a floor"
+                        "(probed after the measured steps): it sets the pace, as a floor"
                     )
                 new = max(new, facts.host_issue_s)
             else:

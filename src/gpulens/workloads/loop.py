@@ -26,10 +26,12 @@ ProgressFn = Callable[[int, int | None, float, dict[str, Any]], None]
 MIN_GPU_TIMED_STEPS = 10  # GPU step times enough for the throughput interval
 MANY_STEPS = 200  # host step times' edge effects are negligible over this many steps
 PROGRESS_EVERY_S = 0.1  # the progress callback at most this often (and on the last step)
-# The last warm-up steps of a single-process GPU run each start on an idle GPU (after a
-# synchronize) and time how long the host takes to issue the step: its own pace, which a
-# GPU-bound step hides and a profiler window distorts (see gpulens.predict.batch).
-HOST_PROBE_STEPS = 3
+# After the measured window of a single-process GPU run, a few more steps each start on an
+# idle GPU (after a synchronize) and time how long the host takes to issue the step: its own
+# pace, which a GPU-bound step hides and a profiler window distorts (see gpulens.predict.batch).
+# After, not during warm-up: early steps still carry start-up work (allocations, autotuning).
+HOST_PROBE_STEPS = 5
+HOST_PROBE_BUDGET_S = 1.0  # the probe stops once its steps took this long (one always runs)
 
 
 @dataclass
@@ -41,7 +43,7 @@ class LoopResult:
     t_measure1: float
     stop_reason: str
     flops_per_step: float | None
-    host_issue_s: float | None = None  # median of the warm-up probes; None where not probed
+    host_issue_s: float | None = None  # median of the probe steps; None where not probed
 
 
 class StopControl:
@@ -94,10 +96,15 @@ def measured_loop(
     # Synthetic batches are made in the model's memory format: no per-step reformat call.
     reformat = eff.channels_last and eff.data != "synthetic"
     last_progress_s = -PROGRESS_EVERY_S
-    probe_from = warmup - HOST_PROBE_STEPS if cuda and control is None else None
-    if probe_from is not None and probe_from < 2:  # step 0 may count FLOPs: leave it alone
-        probe_from = None
-    host_issue: list[float] = []
+
+    def on_device(x, y):
+        if x.device != device:
+            x = x.to(device, non_blocking=True, memory_format=memory_format)
+            y = y.to(device, non_blocking=True)
+        elif reformat and x.dim() == 4:
+            x = x.contiguous(memory_format=memory_format)
+        return x, y
+
     while True:
         timer.warmup_steps = warmup
         timer.begin_step()
@@ -111,19 +118,10 @@ def measured_loop(
             stop_reason = "data"
             break
         timer.batch_ready()
-        if x.device != device:
-            x = x.to(device, non_blocking=True, memory_format=memory_format)
-            y = y.to(device, non_blocking=True)
-        elif reformat and x.dim() == 4:
-            x = x.contiguous(memory_format=memory_format)
+        x, y = on_device(x, y)
         timer.copy_done()
         if step == 0 and eff.count_flops and control is None:
             flops_per_step = (flop_counter or count_flops)(lambda x=x, y=y: step_fn(x, y))
-        elif probe_from is not None and probe_from <= step < warmup:
-            torch.cuda.synchronize(device)
-            t_issue = time.perf_counter()
-            step_fn(x, y)
-            host_issue.append(time.perf_counter() - t_issue)
         else:
             step_fn(x, y)
         timer.end_step(samples=samples_per_step)
@@ -170,8 +168,37 @@ def measured_loop(
         elapsed = time.perf_counter() - (measure_start or t_run0)
         progress(step, (max_steps + warmup) if max_steps else None, elapsed, {})
     wall_measured_s = time.perf_counter() - (measure_start or t_run0)
-    probed = statistics.median(host_issue) if host_issue else None
+    probed = None
+    if cuda and control is None:
+        probed = probe_host_issue(lambda: on_device(*next(batches)), step_fn, device)
     return LoopResult(wall_measured_s, t_measure0, t_measure1, stop_reason, flops_per_step, probed)
+
+
+def probe_host_issue(
+    next_batch: Callable[[], tuple[Any, Any]],
+    step_fn: Callable[[Any, Any], Any],
+    device: torch.device,
+    steps: int = HOST_PROBE_STEPS,
+    budget_s: float = HOST_PROBE_BUDGET_S,
+) -> float | None:
+    """Median host time to issue one step on an idle GPU, over up to ``steps`` steps run after
+    the measured window; None when no batch was left."""
+    issue_s: list[float] = []
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        try:
+            x, y = next_batch()
+        except StopIteration:
+            break
+        torch.cuda.synchronize(device)
+        t_issue = time.perf_counter()
+        step_fn(x, y)
+        issue_s.append(time.perf_counter() - t_issue)
+        interrupts.raise_if_interrupted()
+        if time.perf_counter() - t0 >= budget_s:
+            break
+    torch.cuda.synchronize(device)
+    return statistics.median(issue_s) if issue_s else None
 
 
 def count_flops(fn: Callable[[], Any]) -> float | None:
