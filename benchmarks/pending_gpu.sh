@@ -67,8 +67,8 @@ for part in $PARTS; do
         --out "$OUT/pending/agreement-files_gpu-$commit-$gpu-$day.json" \
         2> "$OUT/pending/agreement.log" | tail -4 ;;
     gpm)
-      timeout 560 python3 benchmarks/launch_overhead.py --cases r18_b8,r18_b1 --no-whole-runs \
-        --no-timer-blocks --blocks 40 --block-s 0.5 --sampler-blocks gpu,gpu_gpm10hz,gpu_no_gpm \
+      timeout 560 python3 benchmarks/launch_overhead.py --cases r18_b1,r18_b8 --no-whole-runs \
+        --no-timer-blocks --blocks "${GPM_BLOCKS:-28}" --block-s 0.5 --sampler-blocks gpu,gpu_gpm10hz,gpu_no_gpm \
         --ablations "" --no-tracker --out "$OUT/pending/launch_overhead-gpm-$commit-$gpu-$day.json" \
         | grep -v "^  pair" | tail -8 ;;
     pin)
