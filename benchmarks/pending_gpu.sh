@@ -24,7 +24,7 @@
 #             over the script's own 20k files (~6 min)
 #   gpm       issue 19: does sampling GPM cost a launch-bound loop? sampler-only blocks with GPM
 #             once a second (the default since 838a8f6), at every 10 Hz sample, and without,
-#             40 pairs each, r18 b8 and b1, SM clock after every block (~8 min; H100 and H200)
+#             GPM_BLOCKS (28) pairs each, r18 b1 and b8, SM clock after every block (~8 min; H100 and H200)
 #   pin       issue 19: is the launch-bound noise the host's scheduling? r18 b8 and b1 whole-run
 #             pairs, unpinned, then the same pinned to 4 CPUs of distinct physical cores (~4 min)
 #
