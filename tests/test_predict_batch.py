@@ -241,6 +241,10 @@ def test_the_validated_figures_are_the_committed_measurements():
             doc["summary"][row]["mape_pct"], abs=0.05
         )
         assert VALIDATED[method].cases == doc["summary"][row]["cases"]
+    probed = json.loads(next(results.glob("predict_same_gpu-probe_floor-*.json")).read_text())
+    figure = probed["summary"]["batch_down_probed"]
+    assert VALIDATED["batch_down_probed"].mape_pct == pytest.approx(figure["mape_pct"], abs=0.05)
+    assert VALIDATED["batch_down_probed"].cases == figure["cases"]
 
 
 def test_a_larger_batch_prints_its_validated_error_and_a_smaller_one_its_own():
@@ -248,3 +252,11 @@ def test_a_larger_batch_prints_its_validated_error_and_a_smaller_one_its_own():
     down = predict_run(_run(256), Target(None, batch_size=128))
     assert up.validated_error_pct == pytest.approx(5.8, abs=0.05)
     assert down.validated_error_pct > 30  # the host's pace: said, not hidden
+
+
+def test_a_smaller_batch_from_a_probed_run_prints_the_probed_error(tmp_path):
+    from gpulens.predict.validation import VALIDATED
+
+    host_s = _run(64).meta["summary"]["phases_s"]["compute"]
+    p = predict_run(_with_host_probe(tmp_path, 256, host_s), Target(None, batch_size=128))
+    assert p.validated_error_pct == VALIDATED["batch_down_probed"].mape_pct

@@ -322,7 +322,8 @@ def predict_run(record, target: Target, catalog: Path | None = None) -> Predicti
     if target.total_gpus != facts.gpus:
         regimes.append("multi_gpu" if src_spec.gpu != tgt_spec.gpu else "multi_gpu_same_gpu")
     if batch != facts.batch_size:
-        regimes.append("batch_up" if batch > facts.batch_size else "batch_down")
+        down = "batch_down_probed" if facts.host_issue_s is not None else "batch_down"
+        regimes.append("batch_up" if batch > facts.batch_size else down)
     regimes += ["workers"] * (workers != facts.workers)
     fit_error = None
     if src_spec.gpu == tgt_spec.gpu:

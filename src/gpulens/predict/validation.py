@@ -58,6 +58,16 @@ VALIDATED: dict[str, Validated] = {
         "a smaller batch: the host's own pace, which a profiler window does not show (the host "
         "runs 1.3-2.5x slower under the profiler), binds before the GPU's",
     ),
+    # `python benchmarks/predict_same_gpu.py benchmarks/results/predict-ladder-54700aa-*.tgz`
+    # (predict_same_gpu-probe_floor-H100-ladder54700aa-2026-11-26.json): runs whose host's
+    # issue time per step was probed, the probe as the smaller batch's floor.
+    "batch_down_probed": Validated(
+        7.3,
+        21,
+        "a smaller batch from a run that probed its host's issue time (resnet18/50, vit_b_16, "
+        "gpt2 bf16 on an H100, x1/2 to x1/8); the probe itself is off by up to 20% (three "
+        "warm-up steps at the time; since then five steps after the measured window)",
+    ),
     "workers": Validated(
         9.6,
         36,
