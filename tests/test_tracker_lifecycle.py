@@ -42,6 +42,8 @@ def test_a_tracked_script_ends_its_run_finished_with_or_without_close(tmp_path, 
     assert meta["status"] == "finished" and meta["error"] is None
     assert meta["kind"] == "script" and meta["environment"]  # captured by measured_run
     assert meta["summary"]["steps_total"] == 6
+    # what gpulens itself spent on the training thread is recorded, as for `gpulens run`
+    assert 0 < meta["summary"]["tracking_us_per_step"] < 10_000
 
 
 def test_a_script_that_dies_unclosed_leaves_a_failed_run_naming_the_error(tmp_path):

@@ -397,6 +397,9 @@ class Tracker:
                 "step": mean("step_time_s"),
             },
             "loader": loader,
+            # gpulens's own time on the training thread per step (see StepTimer)
+            "tracking_us_per_step": self._timer.tracking_us_per_step(),
+            "gpu_timing_every_n_steps": self._timer.gpu_timing_every_n_steps,
         }
 
     def close(self, error: BaseException | None = None) -> None:
