@@ -310,13 +310,15 @@ def run_blocks(
 
     background = Monitor(writer, probes, hz=10.0).start() if sampler_throughout else None
 
-    def block(instrumented: bool) -> float:
+    def block(instrumented: bool) -> tuple[float, float, float]:
+        """(samples/s, median host step s, share of the block's time in stalled steps)."""
         start_sampler = instrumented and background is None
         monitor = Monitor(writer, probes, hz=10.0).start() if start_sampler else None
         if monitor is not None:
             # a run's sampler is long past its first samples when steps are measured: let this
             # one take a few (opening GPM windows, first reads) outside the timed block
             time.sleep(SAMPLER_SETTLE_S)
+        marks = [0.0] * steps  # host clock after each step's issue: the same in both arms
         sync()
         start = time.perf_counter()
         for i in range(steps):
@@ -329,13 +331,23 @@ def run_blocks(
                 timer.end_step(samples=batch)
             else:
                 plain_step(model, opt, *pool[i % len(pool)])
+            marks[i] = time.perf_counter()
         sync()
-        rate = steps * batch / (time.perf_counter() - start)
+        wall_s = time.perf_counter() - start
+        rate = steps * batch / wall_s
         if monitor is not None:
             monitor.stop()
-        return rate
+        # A launch-bound step's host time is its step time. The median is the per-step cost;
+        # steps over twice it are stalls (the host descheduled or waiting), whose share of the
+        # block says whether a cost comes as a slower step or as more stalls.
+        step_s = [b - a for a, b in zip([start, *marks[:-1]], marks, strict=True)]
+        median_s = statistics.median(step_s)
+        stalled_s = sum(s for s in step_s if s > 2 * median_s)
+        return rate, median_s, stalled_s / wall_s
 
     ratios, plain_rates, inst_rates = [], [], []
+    median_ratios: list[float] = []
+    stall_share: dict[bool, list[float]] = {False: [], True: []}
     clock = sm_clock_reader()
     clocks: dict[bool, list[float | None]] = {False: [], True: []}
     for pair in range(pairs):
@@ -344,9 +356,11 @@ def run_blocks(
         for flag in order:
             got[flag] = block(flag)
             clocks[flag].append(clock())  # just after the block, outside its timing
-        plain_rates.append(got[False])
-        inst_rates.append(got[True])
-        ratios.append(got[True] / got[False])
+            stall_share[flag].append(round(got[flag][2], 4))
+        plain_rates.append(got[False][0])
+        inst_rates.append(got[True][0])
+        ratios.append(got[True][0] / got[False][0])
+        median_ratios.append(got[False][1] / got[True][1])  # as throughput: > 1 is faster
     timer.finish()
     if background is not None:
         background.stop()
@@ -363,6 +377,12 @@ def run_blocks(
         "ratio_median": round(statistics.median(ratios), 4),
         "ratio_mean": round(statistics.fmean(ratios), 4),
         "ratio_ci95": interval95(ratios),
+        # the same pairs by their median step (plain over instrumented): free of stalls
+        "median_step_ratio_to_plain": [round(r, 4) for r in median_ratios],
+        "median_step_ratio_median": round(statistics.median(median_ratios), 4),
+        "median_step_ratio_ci95": interval95(median_ratios),
+        "stall_share_plain": stall_share[False],
+        "stall_share_instrumented": stall_share[True],
         "tracking_us_per_step": timer.tracking_us_per_step(),
         "gpu_timing_every_n_steps": timer.gpu_timing_every_n_steps,
     }
@@ -516,11 +536,18 @@ def main() -> int:
                 continue
             b, ci = out[label], out[label]["ratio_ci95"]
             ci_s = f"[{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "-"
+            mci = b.get("median_step_ratio_ci95")
+            mci_s = f"[{mci[0]:.3f}, {mci[1]:.3f}]" if mci else "-"
+            stall = statistics.fmean(b["stall_share_instrumented"]) - statistics.fmean(
+                b["stall_share_plain"]
+            )
             rate = statistics.median(b["instrumented_samples_per_s"])
             print(
                 f"{name:<9} {label.removeprefix('blocks_')[:12]:>12} {rate:10.1f} "
                 f"{b['ratio_median']:6.3f} {ci_s:>16} "
                 f"{b['tracking_us_per_step'] or 0:7.0f} {b['gpu_timing_every_n_steps'] or '-':>5}"
+                f"  median step {b['median_step_ratio_median']:.3f} {mci_s}, stalls "
+                f"{stall:+.1%} of the time"
             )
     return 0
 
