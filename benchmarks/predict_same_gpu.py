@@ -67,10 +67,10 @@ def _point(rec) -> dict | None:
 def batch_cases(points: list[dict]) -> list[dict]:
     groups = defaultdict(list)
     for p in points:
-        if p["gpus"] == 1:
-            groups[(p["gpu"], *p["key"])].append(p)
+        if p["gpus"] == 1:  # runs of one machine and session (one ladder) predict each other
+            groups[(p["gpu"], *p["key"], p["origin"])].append(p)
     rows = []
-    for (gpu, workload, _, _), ps in sorted(groups.items(), key=lambda kv: str(kv[0])):
+    for (gpu, workload, *_), ps in sorted(groups.items(), key=lambda kv: str(kv[0])):
         design = DESIGN_SIZES.get(workload, ())
         for src in (p for p in ps if p["profiled"]):
             for tgt in ps:
@@ -119,7 +119,11 @@ def gpus_cases(points: list[dict]) -> list[dict]:
     rows = []
     for one in (p for p in points if p["gpus"] == 1):
         for two in points:
-            same = two["key"] == one["key"] and two["batch"] == one["batch"]
+            same = (two["key"], two["batch"], two["origin"]) == (
+                one["key"],
+                one["batch"],
+                one["origin"],
+            )
             if two["gpus"] != 2 or not same or two["gpu"] != one["gpu"]:
                 continue
             pred = predict_run(one["record"], Target(None, gpus=2))
@@ -175,6 +179,8 @@ def main() -> int:
         # an empty store: no 1-/2-GPU pair of the same workload calibrates the all-reduce
         os.environ["GPULENS_HOME"] = str(Path(tmp) / "home")
         points = [p for p in map(_point, load_records(args.runs, Path(tmp))) if p]
+        for p in points:  # which of the given paths (one ladder: one machine) it came from
+            p["origin"] = Path(p["record"].dir).resolve().relative_to(Path(tmp).resolve()).parts[0]
         batch = batch_cases(points)
         gpus = gpus_cases(points)
         probes = probe_rows(points)
@@ -231,19 +237,27 @@ def main() -> int:
                 "naive_mape_pct": _mape(rs, "naive_ape_pct"),
             }
     if probes:
-        print("\nhost issue probe (warm-up, idle GPU) against the measured step")
+        print("\nhost issue probe (idle GPU) against the measured step")
         for r in probes:
             busy = f"{r['gpu_busy_share']:.0%}" if r["gpu_busy_share"] is not None else "n/a"
             print(f"  {r['workload']:<9} b{r['batch']:<4} GPU busy {busy:>4}  step "
                   f"{r['step_s'] * 1e3:7.2f} ms  probe {r['host_issue_s'] * 1e3:7.2f} ms  "
                   f"probe/step {r['issue_over_step']:.2f}")  # fmt: skip
-    down_probed = [r for r in batch if r["factor"] < 1 and r["source_host_issue_s"] is not None]
-    if down_probed:
-        summary["batch_down_probed"] = {
-            "cases": len(down_probed),
-            "mape_pct": _mape(down_probed),
-            "naive_mape_pct": _mape(down_probed, "naive_ape_pct"),
-        }
+    # smaller batches (out of sample) by whether the source run probed its host (since 1177ff4)
+    for name, probed in (("batch_down_probed", True), ("batch_down_unprobed", False)):
+        rs = [
+            r
+            for r in batch
+            if r["factor"] < 1
+            and r["set"] != "in_sample"
+            and (r["source_host_issue_s"] is not None) == probed
+        ]
+        if rs:
+            summary[name] = {
+                "cases": len(rs),
+                "mape_pct": _mape(rs),
+                "naive_mape_pct": _mape(rs, "naive_ape_pct"),
+            }
     print("\nMAPE (throughput; naive: unchanged samples/s, or doubled for 2 GPUs)")
     for name, t in summary.items():
         print(f"  {name:<18} {t['cases']:3d} cases  MAPE {t['mape_pct']:5.1f}%  "

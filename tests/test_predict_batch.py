@@ -232,7 +232,7 @@ def test_the_validated_figures_are_the_committed_measurements():
     doc = json.loads(next(results.glob("predict_same_gpu-ladders-*.json")).read_text())
     pairs = {
         "batch_up": "batch_up_out_of_sample",
-        "batch_down": "batch_down_out_of_sample",
+        "batch_down": "batch_down_unprobed",
         "workers": "workers",
         "multi_gpu_same_gpu": "gpus_1_to_2",
     }
@@ -241,8 +241,7 @@ def test_the_validated_figures_are_the_committed_measurements():
             doc["summary"][row]["mape_pct"], abs=0.05
         )
         assert VALIDATED[method].cases == doc["summary"][row]["cases"]
-    probed = json.loads(next(results.glob("predict_same_gpu-probe_floor-*.json")).read_text())
-    figure = probed["summary"]["batch_down_probed"]
+    figure = doc["summary"]["batch_down_probed"]
     assert VALIDATED["batch_down_probed"].mape_pct == pytest.approx(figure["mape_pct"], abs=0.05)
     assert VALIDATED["batch_down_probed"].cases == figure["cases"]
 
@@ -250,7 +249,7 @@ def test_the_validated_figures_are_the_committed_measurements():
 def test_a_larger_batch_prints_its_validated_error_and_a_smaller_one_its_own():
     up = predict_run(_run(128), Target(None, batch_size=256))
     down = predict_run(_run(256), Target(None, batch_size=128))
-    assert up.validated_error_pct == pytest.approx(5.8, abs=0.05)
+    assert up.validated_error_pct == pytest.approx(6.4, abs=0.05)
     assert down.validated_error_pct > 30  # the host's pace: said, not hidden
 
 

@@ -41,32 +41,30 @@ VALIDATED: dict[str, Validated] = {
         "unchanged: 9.0%)",
     ),
     "same_gpu": Validated(None, 0, "the measured GPU: only the all-reduce is modelled"),
-    # `python benchmarks/predict_same_gpu.py` on predict-ladder-8311ffd-NVIDIA_H200-x2 and
-    # predict-ladder-838a8f6-NVIDIA_H100 (predict_same_gpu-ladders-2026-11-26.json): every
-    # profiled run predicting the others of its workload at other batch sizes on its GPU, the
-    # cases whose target is one of the 20 sizes the model was designed on left out.
+    # `python benchmarks/predict_same_gpu.py` on the four committed ladders (8311ffd 2xH200,
+    # 838a8f6 and 54700aa H100, 2479648 H200; predict_same_gpu-ladders-H200x2_H100x2_H200-
+    # 2026-11-26.json): every profiled run predicting the others of its workload at other batch
+    # sizes on its machine, the cases whose target is one of the 20 sizes the model was designed
+    # on left out.
     "batch_up": Validated(
-        5.8,
-        42,
+        6.4,
+        81,
         "a larger batch on the same GPU (x2 to x8), resnet18/50, vgg16, vit_b_16, gpt2 bf16 on "
-        "an H200 and an H100; the largest errors: vgg16 (its kernels gain more from the batch "
-        "than their rooflines say, up to 24%)",
+        "two H200 and two H100 machines; the largest errors: from the smallest batches (b8, "
+        "b16), whose kernels grow by less than their rooflines say, and vgg16 (up to 24%)",
     ),
     "batch_down": Validated(
         35.4,
         42,
-        "a smaller batch: the host's own pace, which a profiler window does not show (the host "
-        "runs 1.3-2.5x slower under the profiler), binds before the GPU's",
+        "a smaller batch from a run that did not probe its host: the host's own pace, which a "
+        "profiler window does not show (the host runs 1.3-2.5x slower under it), binds first",
     ),
-    # `python benchmarks/predict_same_gpu.py benchmarks/results/predict-ladder-54700aa-*.tgz`
-    # (predict_same_gpu-probe_floor-H100-ladder54700aa-2026-11-26.json): runs whose host's
-    # issue time per step was probed, the probe as the smaller batch's floor.
     "batch_down_probed": Validated(
-        7.3,
-        21,
-        "a smaller batch from a run that probed its host's issue time (resnet18/50, vit_b_16, "
-        "gpt2 bf16 on an H100, x1/2 to x1/8); the probe itself is off by up to 20% (three "
-        "warm-up steps at the time; since then five steps after the measured window)",
+        8.9,
+        39,
+        "a smaller batch from a run that probed its host's issue time (x1/2 to x1/8, resnet18/50, "
+        "vit_b_16, gpt2 bf16 on an H100 and an H200): the probe is kept as the floor; a host-"
+        "bound step ran 8-10% slower than the probe on the H200",
     ),
     "workers": Validated(
         9.6,
