@@ -229,7 +229,7 @@ def test_the_validated_figures_are_the_committed_measurements():
     from gpulens.predict.validation import VALIDATED
 
     results = Path(__file__).parents[1] / "benchmarks" / "results"
-    doc = json.loads(next(results.glob("predict_same_gpu-ladders-*.json")).read_text())
+    doc = json.loads(next(results.glob("predict_same_gpu-five_ladders-*.json")).read_text())
     pairs = {
         "batch_up": "batch_up_out_of_sample",
         "batch_down": "batch_down_unprobed",
@@ -249,7 +249,7 @@ def test_the_validated_figures_are_the_committed_measurements():
 def test_a_larger_batch_prints_its_validated_error_and_a_smaller_one_its_own():
     up = predict_run(_run(128), Target(None, batch_size=256))
     down = predict_run(_run(256), Target(None, batch_size=128))
-    assert up.validated_error_pct == pytest.approx(6.4, abs=0.05)
+    assert up.validated_error_pct == pytest.approx(7.0, abs=0.05)
     assert down.validated_error_pct > 30  # the host's pace: said, not hidden
 
 
