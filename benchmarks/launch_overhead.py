@@ -267,6 +267,7 @@ def run_blocks(
     block_s: float,
     runs_root: Path,
     gpu_every: int | None = None,
+    host_timer: bool = False,
     sampler_throughout: bool = False,
     sampler_only: str | None = None,
 ) -> dict:
@@ -277,6 +278,8 @@ def run_blocks(
     One step timer serves all instrumented blocks, so it is calibrated once, as in a run.
     ``sampler_throughout``: the sampler runs across all blocks, plain ones too, so the blocks
     differ by the step timer alone (its cost, free of the sampler's start-up).
+    ``host_timer``: the step timer without CUDA events (as the tracking API times), so that
+    against the timer-only blocks the events' share of the cost shows.
     ``sampler_only``: instrumented = the plain step with only a sampler running (started
     outside the timed block): ``host`` (host probe), ``gpu_no_gpm`` (GPU probe without GPM, and
     the host), ``gpu`` (both probes, as in a run: GPM once a second), ``gpu_gpm10hz`` (GPM at
@@ -298,7 +301,8 @@ def run_blocks(
     steps = max(20, int(block_s / ((time.perf_counter() - t0) / 50)))
     writer = RunWriter(runs_root, kind="overhead", name="blocks")
     series = writer.series("steps", STEPS_SCHEMA)
-    timer = StepTimer(series, cuda=DEVICE.type == "cuda", warmup_steps=0, gpu_every=gpu_every)
+    cuda_timer = DEVICE.type == "cuda" and not host_timer  # host_timer: no CUDA events at all
+    timer = StepTimer(series, cuda=cuda_timer, warmup_steps=0, gpu_every=gpu_every)
     probes = [ProbeSpec("host", {"root_pid": os.getpid()})]
     if DEVICE.type == "cuda" and sampler_only != "host":
         gpu_options: dict[str, Any] = {"indices": [DEVICE.index or 0]}
@@ -433,6 +437,12 @@ def main() -> int:
         "the plain step with only that sampler running",
     )
     ap.add_argument("--no-timer-blocks", action="store_true", help="skip the blocks of --blocks")
+    ap.add_argument(
+        "--host-timer-blocks",
+        action="store_true",
+        help="also blocks with the step timer on the host only (no CUDA events), sampler "
+        "throughout: against timer_only, what the events cost",
+    )
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     os.environ.setdefault("GPULENS_STORE", "0")
@@ -502,6 +512,15 @@ def main() -> int:
             out["blocks_timer_only"] = run_blocks(
                 case, args.blocks, args.block_s, tmp / "blocks", sampler_throughout=True
             )
+            if args.host_timer_blocks:
+                out["blocks_host_timer"] = run_blocks(
+                    case,
+                    args.blocks,
+                    args.block_s,
+                    tmp / "blocks",
+                    sampler_throughout=True,
+                    host_timer=True,
+                )
             if name in ablation_cases and "every_step" in args.variants:
                 out["blocks_every_step"] = run_blocks(
                     case, args.blocks, args.block_s, tmp / "blocks", gpu_every=1
@@ -531,7 +550,13 @@ def main() -> int:
                 f"{us_s:>7} {ev_s:>5}"
             )
         labels = [k for k in out if k.startswith("blocks_sampler_")]
-        for label in ("blocks", "blocks_timer_only", "blocks_every_step", *labels):
+        for label in (
+            "blocks",
+            "blocks_timer_only",
+            "blocks_host_timer",
+            "blocks_every_step",
+            *labels,
+        ):
             if label not in out:
                 continue
             b, ci = out[label], out[label]["ratio_ci95"]

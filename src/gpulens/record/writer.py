@@ -89,8 +89,9 @@ class SeriesWriter:
         self._last_flush = time.monotonic()
         if not self._rows or self._closed:
             return
-        columns = {f.name: [r.get(f.name) for r in self._rows] for f in self.schema}
-        batch = pa.RecordBatch.from_pydict(columns, schema=self.schema)
+        # from_pylist: a third of the time of building columns in Python (on the training
+        # thread, once a second); missing keys become nulls either way
+        batch = pa.RecordBatch.from_pylist(self._rows, schema=self.schema)
         self._writer.write_batch(batch)
         self._file.flush()  # into the page cache: survives the death of this process
         self.rows_written += len(self._rows)
