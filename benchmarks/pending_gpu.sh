@@ -25,6 +25,10 @@
 #   gpm       issue 19: does sampling GPM cost a launch-bound loop? sampler-only blocks with GPM
 #             once a second (the default since 838a8f6), at every 10 Hz sample, and without,
 #             GPM_BLOCKS (28) pairs each, r18 b1 and b8, SM clock after every block (~8 min; H100 and H200)
+#   timer     issue 19: where the step timer's cost at batch 1 comes from (H200, session 16:
+#             0.962 and 0.979 of the plain loop with the timer alone, none at batch 8): blocks
+#             with the full timer, the timer without CUDA events, and timer + sampler, 24 pairs
+#             each, r18 b1 and b8 (~6 min; H200 first, then H100)
 #   pin       issue 19: is the launch-bound noise the host's scheduling? r18 b8 and b1 whole-run
 #             pairs, unpinned, then the same pinned to 4 CPUs of distinct physical cores (~4 min)
 #
@@ -71,6 +75,10 @@ for part in $PARTS; do
         --no-timer-blocks --blocks "${GPM_BLOCKS:-28}" --block-s 0.5 --sampler-blocks gpu,gpu_gpm10hz,gpu_no_gpm \
         --ablations "" --no-tracker --out "$OUT/pending/launch_overhead-gpm-$commit-$gpu-$day.json" \
         | grep -v "^  pair" | tail -8 ;;
+    timer)
+      timeout 560 python3 benchmarks/launch_overhead.py --cases r18_b1,r18_b8 --no-whole-runs \
+        --blocks "${TIMER_BLOCKS:-24}" --block-s 0.5 --host-timer-blocks --ablations "" --no-tracker \
+        --out "$OUT/pending/launch_overhead-timer-$commit-$gpu-$day.json" | grep -v "^  " | tail -8 ;;
     pin)
       lscpu > "$OUT/pending/lscpu.txt" 2>&1
       grep . /sys/devices/system/cpu/cpu*/topology/thread_siblings_list > "$OUT/pending/siblings.txt" 2>&1
@@ -95,7 +103,7 @@ for part in $PARTS; do
         --cpus 12 --grid 1,2,4,8 --images 10000 --duration 10 --precision "${ALLOC_PRECISION:-bf16}" --pin \
         --out "$OUT/pending/allocate_workers-$commit-$gpu-$day.json" ;;
     *)
-      echo "unknown part '$part': use predict, sweep, serve, llm, overhead, workers, agreement, gpm or pin" >&2 ;;
+      echo "unknown part '$part': use predict, sweep, serve, llm, overhead, workers, agreement, gpm, timer or pin" >&2 ;;
   esac
   echo "$part: exit $? after $(( $(date +%s) - t0 )) s" | tee -a "$OUT/pending/parts.txt" >&2
 done
