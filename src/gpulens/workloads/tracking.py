@@ -98,8 +98,7 @@ class _WithRank:
     """A series writer that adds ``rank`` to every row (the timer knows nothing of ranks)."""
 
     def __init__(self, series: SeriesWriter, rank: int):
-        self.series = series
-        self.rank = rank
+        self.series, self.rank = series, rank
 
     def append(self, row: dict[str, Any]) -> None:
         self.series.append({**row, "rank": self.rank})
@@ -397,9 +396,7 @@ class Tracker:
                 "step": mean("step_time_s"),
             },
             "loader": loader,
-            # gpulens's own time on the training thread per step (see StepTimer)
-            "tracking_us_per_step": self._timer.tracking_us_per_step(),
-            "gpu_timing_every_n_steps": self._timer.gpu_timing_every_n_steps,
+            "tracking_us_per_step": self._timer.tracking_us_per_step(),  # gpulens's own time
         }
 
     def close(self, error: BaseException | None = None) -> None:
