@@ -52,7 +52,9 @@ def predict(
     batch_size: int = typer.Option(
         None,
         "--batch-size",
-        help="Per-GPU batch size [default: the run's]; needs the run's profiler window.",
+        help="Per-GPU batch size [default: the run's]; needs the run's profiler window "
+        "(`gpulens run --torch-profiler 5`). Below the run's batch, the host's own pace (probed "
+        "after the measured steps) is the floor.",
     ),
     workers: int = typer.Option(
         None, "--workers", help="Data-loader workers per GPU [default: the run's]."
