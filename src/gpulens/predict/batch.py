@@ -92,7 +92,7 @@ def scale_batch(
         t = float(e["dur"]) * 1e-6
         ext = (e.get("args") or {}).get("External id")
         if ext not in ratios:
-            ratios[ext] = _op_ratio(ops.get(ext), sizes, factor, hardware)
+            ratios[ext] = op_ratio(ops.get(ext), sizes, factor, hardware)
         r = ratios[ext]
         busy += t
         if r is None:
@@ -108,7 +108,7 @@ def scale_batch(
     )  # fmt: skip
 
 
-def _op_ratio(op: dict | None, sizes: set[int], factor: float, hw: Hardware) -> float | None:
+def op_ratio(op: dict | None, sizes: set[int], factor: float, hw: Hardware) -> float | None:
     """An op's ideal time at the new batch over the measured one; None without shapes."""
     if op is None:
         return None
