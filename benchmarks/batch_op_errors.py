@@ -36,10 +36,9 @@ def per_op_ms(run_dir: Path, new_batch: int) -> dict[str, tuple[float, float]]:
         ext = (k.get("args") or {}).get("External id")
         if ext not in ratios:
             ratios[ext] = batch_model.op_ratio(ops.get(ext), sizes, factor, hw)
-        floor = min(batch_model.LAUNCH_FLOOR_S, t)
         name = (ops.get(ext) or {}).get("name", "(no op)")
         totals[name][0] += t
-        totals[name][1] += floor + (t - floor) * (ratios[ext] or 1.0)
+        totals[name][1] += batch_model.scaled_kernel_s(t, ratios[ext] or 1.0)
     steps = facts.trace_steps
     return {n: (m / steps * 1e3, p / steps * 1e3) for n, (m, p) in totals.items()}
 

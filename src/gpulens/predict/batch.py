@@ -98,14 +98,19 @@ def scale_batch(
         if r is None:
             unknown += t
             r = 1.0
-        floor = min(LAUNCH_FLOOR_S, t)
-        scaled += floor + (t - floor) * r
+        scaled += scaled_kernel_s(t, r)
     log.debug("batch %d -> %d: %d kernels, ratio %.3f", batch_size, new_batch, len(device),
               scaled / busy if busy else 1.0)  # fmt: skip
     return BatchScaling(
         batch_size, new_batch, len(device), busy / steps, scaled / steps,
         unknown / busy if busy else 0.0,
     )  # fmt: skip
+
+
+def scaled_kernel_s(kernel_s: float, ratio: float) -> float:
+    """A kernel's time at the new batch: its launch floor kept, the rest scaled by ``ratio``."""
+    floor = min(LAUNCH_FLOOR_S, kernel_s)
+    return floor + (kernel_s - floor) * ratio
 
 
 def op_ratio(op: dict | None, sizes: set[int], factor: float, hw: Hardware) -> float | None:

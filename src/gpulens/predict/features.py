@@ -39,7 +39,7 @@ class RunFacts:
     trace: Path | None
     trace_steps: int
     synthetic_data: bool = False  # batches made on the device: no loader to predict
-    host_issue_s: float | None = None  # the host's issue of a step on an idle GPU (warm-up probe)
+    host_issue_s: float | None = None  # the host's issue of a step on an idle GPU (probed)
 
     @property
     def overhead_s(self) -> float:

@@ -105,8 +105,8 @@ def summarize_run(
         "throughput_ci95_samples_per_s": rate_ci95(tput, ci_pct),
         "phases_s": phases,
         "flops_per_sample": flops_per_step / batch if flops_per_step else None,
-        # the host's own time to issue one step on an idle GPU (last warm-up steps): the floor
-        # a smaller batch cannot go below; not yet read by `predict` (unvalidated)
+        # the host's own time to issue one step on an idle GPU (steps after the measured
+        # window): the floor a smaller batch cannot go below (`predict --batch-size`)
         "host_issue_s_per_step": loop.host_issue_s,
         "mfu": mfu,
         "gpu": gpu_summary,
