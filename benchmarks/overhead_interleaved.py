@@ -1,0 +1,270 @@
+"""What each part of gpulens costs a launch-bound loop, to a fraction of a percent (issue 19).
+
+Blocks of half a second (``launch_overhead.py --blocks``) cannot resolve 1%: the host's pace
+drifts by a few percent from one block to the next. Here the two arms alternate every few steps
+(chunks of about ``--chunk-s``, 50 ms) inside one loop on one model, in ABBA order, for
+thousands of steps, and every step's host time is kept. A launch-bound step's host time is its
+step time, so drift slower than a chunk cancels within each pair.
+
+Arms (instrumented = the plain step plus):
+
+- ``aa``: nothing. Plain against plain: the method's own spread, the null to compare with.
+- ``timer``: the step timer as ``gpulens run`` uses it (CUDA events on a sample of steps,
+  the steps series written), the sampler process running throughout both arms.
+- ``host_timer``: the step timer without CUDA events (as the tracking API times).
+- ``sampler``: the sampler process (GPU probe with GPM once a second, host probe, 10 Hz),
+  running only in the instrumented chunks: it is stopped (SIGSTOP) at the start of each plain
+  chunk and continued (SIGCONT) at the start of each instrumented one. It skips samples it
+  missed rather than bursting, so while running it does its normal work.
+- ``full``: the step timer and the sampler together, both toggled: what ``gpulens run`` adds.
+- ``tracker``: ``tracker.data()`` and ``tracker.step()`` inside ``gpulens.track()`` (its
+  sampler running throughout both arms).
+
+Figures per arm (throughput ratio instrumented / plain, > 1 is faster): ``ratio`` = plain
+time / instrumented time over all chunks, with a 95% bootstrap interval over the pairs;
+``median_ratio`` the same on the median step (free of stalls); ``cost_us_per_step`` the mean
+difference in step time.
+
+    python benchmarks/overhead_interleaved.py --out r.json [--cases r18_b1,r18_b8]
+        [--arms aa,timer,host_timer,sampler,full,tracker] [--seconds 25] [--chunk-s 0.05]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from launch_overhead import CASES, DEVICE, plain_parts, plain_step, sync  # noqa: E402
+
+ARMS = ("aa", "timer", "host_timer", "sampler", "full", "tracker")
+BOOTSTRAP = 2000
+
+
+def probe_specs() -> list:
+    """The sampler's probes as ``gpulens run`` starts them on this machine."""
+    from gpulens.probes.monitor import ProbeSpec
+
+    probes = [ProbeSpec("host", {"root_pid": os.getpid()})]
+    if DEVICE.type == "cuda":
+        probes.insert(0, ProbeSpec("gpu", {"indices": [DEVICE.index or 0]}))
+    return probes
+
+
+class Toggle:
+    """Stops and continues a sampler process (None: nothing to toggle)."""
+
+    def __init__(self, monitor) -> None:
+        proc = getattr(monitor, "_proc", None) if monitor is not None else None
+        self.pid = proc.pid if proc is not None else None
+
+    def on(self) -> None:
+        if self.pid is not None:
+            os.kill(self.pid, signal.SIGCONT)
+
+    def off(self) -> None:
+        if self.pid is not None:
+            os.kill(self.pid, signal.SIGSTOP)
+
+
+def interleave(
+    case: dict, arm: str, seconds: float, chunk_s: float, root: Path, warmup_s: float = 1.0
+) -> dict:
+    """Runs one arm against the plain step, chunk by chunk; returns the step times."""
+    import gpulens
+    from gpulens.probes.monitor import Monitor
+    from gpulens.probes.steps import StepTimer
+    from gpulens.record.schema import STEPS_SCHEMA
+    from gpulens.record.writer import RunWriter
+
+    model, opt, pool = plain_parts(case["workload"], case["batch_size"])
+    batch = case["batch_size"]
+    for i in range(case["warmup_steps"]):
+        plain_step(model, opt, *pool[i % len(pool)])
+    sync()
+    t0 = time.perf_counter()
+    warm = 0
+    while time.perf_counter() - t0 < warmup_s or warm < 50:  # clocks up, allocator settled
+        plain_step(model, opt, *pool[warm % len(pool)])
+        warm += 1
+    sync()
+    t0 = time.perf_counter()
+    for i in range(50):
+        plain_step(model, opt, *pool[i % len(pool)])
+    sync()
+    step_s = (time.perf_counter() - t0) / 50
+    chunk = max(4, round(chunk_s / step_s))
+    pairs = max(10, int(seconds / (2 * chunk * step_s)))
+
+    writer = RunWriter(root, kind="overhead", name=f"interleaved-{arm}")
+    timer = None
+    if arm in ("timer", "host_timer", "full"):
+        series = writer.series("steps", STEPS_SCHEMA)
+        timer = StepTimer(
+            series, cuda=DEVICE.type == "cuda" and arm != "host_timer", warmup_steps=0
+        )
+    monitor = Monitor(writer, probe_specs(), hz=10.0).start() if arm != "tracker" else None
+    toggle = Toggle(monitor if arm in ("sampler", "full") else None)
+    tracker_ctx = tracker = tracked = None
+    if arm == "tracker":
+        tracker_ctx = gpulens.track(name="overhead-interleaved", store=False)
+        tracker = tracker_ctx.__enter__()
+
+        def endless():
+            i = 0
+            while True:
+                yield pool[i % len(pool)]
+                i += 1
+
+        tracked = iter(tracker.data(endless()))
+
+    def instrumented_step(i: int) -> None:
+        if timer is not None:
+            timer.begin_step()
+            x, y = pool[i % len(pool)]
+            timer.batch_ready()
+            timer.copy_done()
+            plain_step(model, opt, x, y)
+            timer.end_step(samples=batch)
+        elif tracked is not None:
+            x, y = next(tracked)
+            plain_step(model, opt, x, y)
+            tracker.step()
+        else:  # aa, sampler: the plain step
+            plain_step(model, opt, *pool[i % len(pool)])
+
+    if timer is not None:  # calibrated as in a run, before anything is measured
+        for i in range(40):
+            instrumented_step(i)
+    time.sleep(0.3)  # the sampler past its first samples
+    sync()
+    plain_s: list[list[float]] = []
+    inst_s: list[list[float]] = []
+    clock = time.perf_counter
+    step = 0
+    for pair in range(pairs):
+        order = (False, True) if pair % 2 == 0 else (True, False)
+        for instrumented in order:
+            (toggle.on if instrumented else toggle.off)()
+            times = [0.0] * chunk
+            last = clock()
+            for k in range(chunk):
+                if instrumented:
+                    instrumented_step(step)
+                else:
+                    plain_step(model, opt, *pool[step % len(pool)])
+                now = clock()
+                times[k] = now - last
+                last = now
+                step += 1
+            (inst_s if instrumented else plain_s).append(times)
+    toggle.on()
+    sync()
+    result: dict[str, Any] = {"chunk_steps": chunk, "pairs": pairs}
+    if timer is not None:
+        timer.finish()
+        result["tracking_us_per_step"] = timer.tracking_us_per_step()
+        result["gpu_timing_every_n_steps"] = timer.gpu_timing_every_n_steps
+    if monitor is not None:
+        result["sampler_cpu_pct_of_core"] = monitor.stop().as_dict().get("sampler_cpu_pct_of_core")
+    if tracker_ctx is not None:
+        summary = dict(tracker.summary() or {})
+        tracker_ctx.__exit__(None, None, None)
+        result["tracking_us_per_step"] = summary.get("tracking_us_per_step")
+    writer.finish()
+    result.update(summarize(np.array(plain_s), np.array(inst_s), batch))
+    return result
+
+
+def summarize(plain_s: np.ndarray, inst_s: np.ndarray, batch: int, seed: int = 0) -> dict:
+    """Ratios of the two arms' step times (pairs x chunk arrays), with bootstrap intervals
+    over the pairs: the pairs are the independent units, the steps within one are not."""
+    rng = np.random.default_rng(seed)
+    n = len(plain_s)
+    picks = rng.integers(0, n, size=(BOOTSTRAP, n))
+    plain_sum, inst_sum = plain_s.sum(axis=1), inst_s.sum(axis=1)
+    ratio = plain_sum.sum() / inst_sum.sum()
+    boot = plain_sum[picks].sum(axis=1) / inst_sum[picks].sum(axis=1)
+    # the median step per pair and arm, then the ratio of their medians: robust to stalls
+    plain_med, inst_med = np.median(plain_s, axis=1), np.median(inst_s, axis=1)
+    median_ratio = np.median(plain_med) / np.median(inst_med)
+    boot_med = np.median(plain_med[picks], axis=1) / np.median(inst_med[picks], axis=1)
+    cost_s = (inst_sum - plain_sum) / plain_s.shape[1]
+    return {
+        "ratio": round(float(ratio), 4),
+        "ratio_ci95": [round(float(q), 4) for q in np.quantile(boot, [0.025, 0.975])],
+        "median_ratio": round(float(median_ratio), 4),
+        "median_ratio_ci95": [round(float(q), 4) for q in np.quantile(boot_med, [0.025, 0.975])],
+        "cost_us_per_step": round(float(cost_s.mean() * 1e6), 2),
+        "plain_step_ms": round(float(plain_s.mean() * 1e3), 4),
+        "instrumented_step_ms": round(float(inst_s.mean() * 1e3), 4),
+        "plain_samples_per_s": round(float(batch / plain_s.mean()), 2),
+        "steps_per_arm": int(plain_s.size),
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", default="r18_b1,r18_b8")
+    ap.add_argument("--arms", default=",".join(ARMS))
+    ap.add_argument("--seconds", type=float, default=25.0, help="measured time per arm and case")
+    ap.add_argument("--chunk-s", type=float, default=0.05)
+    ap.add_argument("--warmup-s", type=float, default=1.0)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    os.environ.setdefault("GPULENS_STORE", "0")
+    arms = [a for a in args.arms.split(",") if a]
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown:
+        ap.error(f"unknown arm(s) {unknown}: use {', '.join(ARMS)}")
+    gpu = torch.cuda.get_device_name(0) if DEVICE.type == "cuda" else "cpu"
+    doc: dict[str, Any] = {
+        "benchmark": "overhead_interleaved",
+        "date": date.today().isoformat(),
+        "gpu": gpu,
+        "torch": torch.__version__,
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "cases": {},
+    }
+    root = Path(tempfile.mkdtemp(prefix="gpulens-interleaved-"))
+    os.environ.setdefault("GPULENS_HOME", str(root / "home"))
+    for name in [c for c in args.cases.split(",") if c]:
+        doc["cases"][name] = {}
+        for arm in arms:
+            case = {**CASES[name], "warmup_steps": 30}
+            t0 = time.perf_counter()
+            r = interleave(case, arm, args.seconds, args.chunk_s, root / "runs", args.warmup_s)
+            r["wall_s"] = round(time.perf_counter() - t0, 1)
+            doc["cases"][name][arm] = r
+            print(
+                f"{name} {arm:>10}: ratio {r['ratio']:.4f} {r['ratio_ci95']}  median "
+                f"{r['median_ratio']:.4f} {r['median_ratio_ci95']}  {r['cost_us_per_step']:+.1f} "
+                f"us/step of {r['plain_step_ms']:.3f} ms",
+                flush=True,
+            )
+            Path(args.out).write_text(json.dumps(doc, indent=2))  # survives a limit
+    print(f"\n{gpu}: throughput ratio arm / plain, chunks alternating inside one loop")
+    print(f"{'case':<8} {'arm':>10} {'ratio':>7} {'95% interval':>17} {'median':>7} {'us/step':>8}")
+    for name, arms_out in doc["cases"].items():
+        for arm, r in arms_out.items():
+            lo, hi = r["ratio_ci95"]
+            print(
+                f"{name:<8} {arm:>10} {r['ratio']:7.4f} [{lo:.4f}, {hi:.4f}] "
+                f"{r['median_ratio']:7.4f} {r['cost_us_per_step']:+8.1f}"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
