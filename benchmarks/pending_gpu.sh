@@ -29,6 +29,9 @@
 #             0.962 and 0.979 of the plain loop with the timer alone, none at batch 8): blocks
 #             with the full timer, the timer without CUDA events, and timer + sampler, 24 pairs
 #             each, r18 b1 and b8 (~6 min; H200 first, then H100)
+#   interleaved issue 19: each part of gpulens (step timer, timer without events, sampler, both,
+#             tracking API) against the plain step, alternating every ~50 ms inside one loop,
+#             with a plain/plain control; r18 b1 and b8 (~6 min; H200 and H100)
 #   pin       issue 19: is the launch-bound noise the host's scheduling? r18 b8 and b1 whole-run
 #             pairs, unpinned, then the same pinned to 4 CPUs of distinct physical cores (~4 min)
 #
@@ -79,6 +82,10 @@ for part in $PARTS; do
       timeout 560 python3 benchmarks/launch_overhead.py --cases r18_b1,r18_b8 --no-whole-runs \
         --blocks "${TIMER_BLOCKS:-24}" --block-s 0.5 --host-timer-blocks --ablations "" --no-tracker \
         --out "$OUT/pending/launch_overhead-timer-$commit-$gpu-$day.json" | grep -v "^  " | tail -8 ;;
+    interleaved)
+      timeout 560 python3 benchmarks/overhead_interleaved.py --cases "${INTERLEAVED_CASES:-r18_b1,r18_b8}" \
+        --seconds "${INTERLEAVED_S:-25}" --out "$OUT/pending/overhead_interleaved-$commit-$gpu-$day.json" \
+        | tail -16 ;;
     pin)
       lscpu > "$OUT/pending/lscpu.txt" 2>&1
       grep . /sys/devices/system/cpu/cpu*/topology/thread_siblings_list > "$OUT/pending/siblings.txt" 2>&1
@@ -103,7 +110,7 @@ for part in $PARTS; do
         --cpus 12 --grid 1,2,4,8 --images 10000 --duration 10 --precision "${ALLOC_PRECISION:-bf16}" --pin \
         --out "$OUT/pending/allocate_workers-$commit-$gpu-$day.json" ;;
     *)
-      echo "unknown part '$part': use predict, sweep, serve, llm, overhead, workers, agreement, gpm, timer or pin" >&2 ;;
+      echo "unknown part '$part': use predict, sweep, serve, llm, overhead, workers, agreement, gpm, timer, interleaved or pin" >&2 ;;
   esac
   echo "$part: exit $? after $(( $(date +%s) - t0 )) s" | tee -a "$OUT/pending/parts.txt" >&2
 done
