@@ -64,8 +64,20 @@ def test_weights_vectors_and_tensor_lists_keep_their_size():
 
 
 def test_token_rows_join_the_batch_sizes():
-    ops = [{"args": {"Input Dims": [[4, 1024], [50257, 768]]}}, {"args": {}}]
+    ops = [{"args": {"Input Dims": [[4, 1024, 768], [50257, 768]]}}, {"args": {}}]
     assert batch.batch_sizes(ops, 4) == {4, 4096}
+
+
+def test_only_token_tensors_make_rows_of_the_batch():
+    # vit_b_16 at batch 4: its head's [B, 768] and its patch embedding's [B, 768, 14, 14] are
+    # no rows; were B * 768 = 3072 a batch size, the [3072, 768] MLP weight would scale
+    ops = [{"args": {"Input Dims": [[4, 768], [4, 768, 14, 14], [3072, 768]]}}]
+    sizes = batch.batch_sizes(ops, 4)
+    assert sizes == {4}
+    assert batch.rescale_dims("aten::mm", [[4, 768], [3072, 768]], sizes, 8) == [
+        [32, 768],
+        [3072, 768],
+    ]
 
 
 # ------------------------------------------------------------------------- real traces

@@ -2,7 +2,7 @@
 
 Each kernel's launching op recorded its input shapes. The tensors that carry the batch are
 found by their sizes: a dimension equal to the batch, or to the batch times the second
-dimension of a tensor that leads with it (tokens, patches: ``[B * T, C]``). Those dimensions are
+dimension of a 3-D tensor that leads with it (tokens, patches: ``[B * T, C]``). Those dimensions are
 rescaled, the op's FLOPs and bytes recomputed, and the kernel's time above a fixed launch floor
 scales by the op's roofline-ideal time at the new batch over the old one. Weights keep their
 size (a convolution's weight, a matrix whose dimensions match no batch size, tensor lists such
@@ -50,11 +50,14 @@ def _is_shape(dims) -> bool:
 
 def batch_sizes(ops, batch_size: int) -> set[int]:
     """The sizes a batch dimension takes in this window: the batch, and the batch times the
-    second dimension of every tensor that leads with it (``[B, T]`` -> ``B * T`` rows)."""
+    second dimension of every 3-D tensor that leads with it (``[B, T, C]`` -> ``B * T`` rows).
+    Only 3-D: a convolution's ``[B, C, H, W]`` is never flattened to ``B * C`` rows, and taking
+    it as such made weights whose size happened to equal ``B * C`` (vit_b_16's ``[3072, 768]``
+    MLP at batch 4, vgg16's ``[4096, 25088]`` at 16) scale with the batch."""
     sizes = {batch_size}
     for op in ops:
         for dims in (op.get("args") or {}).get("Input Dims") or []:
-            if _is_shape(dims) and len(dims) >= 2 and dims[0] == batch_size and dims[1] > 1:
+            if _is_shape(dims) and len(dims) == 3 and dims[0] == batch_size and dims[1] > 1:
                 sizes.add(batch_size * dims[1])
     return sizes
 
