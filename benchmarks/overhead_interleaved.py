@@ -211,6 +211,9 @@ def summarize(plain_s: np.ndarray, inst_s: np.ndarray, batch: int, seed: int = 0
         "instrumented_step_ms": round(float(inst_s.mean() * 1e3), 4),
         "plain_samples_per_s": round(float(batch / plain_s.mean()), 2),
         "steps_per_arm": int(plain_s.size),
+        # per pair, in order: each chunk's mean step (ms), to look for drift or stalls later
+        "pair_plain_step_ms": [round(float(x), 4) for x in plain_s.mean(axis=1) * 1e3],
+        "pair_instrumented_step_ms": [round(float(x), 4) for x in inst_s.mean(axis=1) * 1e3],
     }
 
 
