@@ -2,12 +2,14 @@
 
 Each kernel's launching op recorded its input shapes. The tensors that carry the batch are
 found by their sizes: a dimension equal to the batch, or to the batch times the second
-dimension of a 3-D tensor that leads with it (tokens, patches: ``[B * T, C]``). Those dimensions are
-rescaled, the op's FLOPs and bytes recomputed, and the kernel's time above a fixed launch floor
-scales by the op's roofline-ideal time at the new batch over the old one. Weights keep their
-size (a convolution's weight, a matrix whose dimensions match no batch size, tensor lists such
-as the optimizer's), so a weight-gradient product that reads a large weight grows by less than
-the batch, and the optimizer not at all. Kernels whose op recorded no shapes keep their time.
+dimension of a 3-D tensor that leads with it (tokens, patches: ``[B * T, C]``). Those
+dimensions are rescaled, the op's FLOPs and bytes recomputed, and the kernel's time above a
+fixed launch floor scales by the op's roofline-ideal time at the new batch over the old one,
+an ideal time under a few microseconds counting as that bound (such small ops are bound by
+latency and keep their time). Weights keep their size (a convolution's weight, a matrix whose
+dimensions match no batch size, tensor lists such as the optimizer's), so a weight-gradient
+product that reads a large weight grows by less than the batch, and the optimizer not at all.
+Kernels whose op recorded no shapes keep their time.
 """
 
 from __future__ import annotations
@@ -26,6 +28,12 @@ log = logging.getLogger(__name__)
 # 20 committed cases (predict-records-7919c1d-*), where 2-4 us did best, before the ladder
 # of other batch sizes (predict-ladder-*) was scored.
 LAUNCH_FLOOR_S = 3e-6
+# An op whose roofline-ideal time is under this is bound by latency (too little work to fill the
+# GPU), not by its work: its time follows max(ideal, this), so it keeps its time while under it.
+# Chosen on the old ladders (838a8f6, 8311ffd) and the first small-batch one (54700aa), from 1-8
+# us; checked on the ladders 2479648, fdd21ca and 640a86a: growing the batch, kernel time 10.7 ->
+# 5.6% off (check) and 8.4 -> 5.6% (640a86a); shrinking it, 4.7 -> 4.9% and 4.8 -> 4.4%.
+LATENCY_BOUND_IDEAL_S = 3e-6
 
 
 @dataclass(frozen=True)
@@ -127,4 +135,7 @@ def op_ratio(op: dict | None, sizes: set[int], factor: float, hw: Hardware) -> f
     dims = rescale_dims(name, args.get("Input Dims") or [], sizes, factor)
     flops1, bytes1 = op_flops_bytes(name, {**args, "Input Dims": dims})
     ideal0 = hw.ideal_s(flops0, bytes0)
-    return hw.ideal_s(flops1 or 0.0, bytes1 or 0.0) / ideal0 if ideal0 > 0 else 1.0
+    if ideal0 <= 0:
+        return 1.0
+    ideal1 = hw.ideal_s(flops1 or 0.0, bytes1 or 0.0)
+    return max(ideal1, LATENCY_BOUND_IDEAL_S) / max(ideal0, LATENCY_BOUND_IDEAL_S)
