@@ -53,6 +53,7 @@ BOOTSTRAP = 2000
 # Pairs run and dropped after the pause before measuring: the first chunk after it runs cold
 # (on a CPU, 10 pairs of plain/plain read 1.03 with it kept).
 WARM_PAIRS = 2
+STALL_X = 3.0
 
 
 def probe_specs() -> list:
@@ -218,7 +219,19 @@ def summarize(plain_s: np.ndarray, inst_s: np.ndarray, batch: int, seed: int = 0
         # per pair, in order: each chunk's mean step (ms), to look for drift or stalls later
         "pair_plain_step_ms": [round(float(x), 4) for x in plain_s.mean(axis=1) * 1e3],
         "pair_instrumented_step_ms": [round(float(x), 4) for x in inst_s.mean(axis=1) * 1e3],
+        # steps over STALL_X times their arm's median: [pair, step in chunk, ms], per arm
+        "stalls_plain": stalls(plain_s),
+        "stalls_instrumented": stalls(inst_s),
     }
+
+
+def stalls(steps_s: np.ndarray) -> list[list[float]]:
+    """Steps over :data:`STALL_X` times the median step: where a cost comes as stalls."""
+    limit = STALL_X * float(np.median(steps_s))
+    return [
+        [int(p), int(k), round(float(steps_s[p, k]) * 1e3, 3)]
+        for p, k in zip(*np.nonzero(steps_s > limit), strict=True)
+    ]
 
 
 def main() -> int:

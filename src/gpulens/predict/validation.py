@@ -47,14 +47,14 @@ VALIDATED: dict[str, Validated] = {
     # H100_H200-2026-11-26.json): every profiled run predicting the others of its workload at
     # other batch sizes on its machine, the cases whose target is one of the 20 sizes the model
     # was designed on left out. The latency bound of batch.py was chosen on 838a8f6, 8311ffd
-    # and 54700aa; 640a86a was measured after it was written.
+    # and 54700aa alone.
     "batch_up": Validated(
         7.5,
         114,
         "a larger batch on the same GPU (x2 to x8), resnet18/50, vgg16, vit_b_16, gpt2 bf16 on "
         "three H200 and three H100 machines; the largest errors: host-bound runs whose host ran "
         "slower at the larger batch (resnet50 on one H100: 16 ms a step at b8, 26 ms at b32); "
-        "kernel time alone is 5.6% off",
+        "kernel time alone is 5.0% off",
     ),
     "batch_down": Validated(
         34.5,
