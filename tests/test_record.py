@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pyarrow as pa
@@ -56,6 +57,64 @@ def test_series_flushed_within_interval_while_running(tmp_path):
     assert table.num_rows == 2
     assert read_record(w.dir).status == "running"  # our own live process
     w.finish()
+
+
+class _SlowDisk:
+    """A series file whose flush takes ``delay_s`` (a disk stalled by writeback)."""
+
+    def __init__(self, f, delay_s: float):
+        self._f, self.delay_s = f, delay_s
+        self.inside = threading.Event()
+
+    def flush(self):
+        self.inside.set()
+        time.sleep(self.delay_s)
+        self._f.flush()
+
+    def close(self):
+        self._f.close()
+
+
+def test_a_background_series_never_makes_append_wait_for_the_disk(tmp_path):
+    w = RunWriter(tmp_path, kind="train")
+    s = w.series("steps", SCHEMA, flush_interval_s=0.01, background=True)
+    s._file = disk = _SlowDisk(s._file, delay_s=0.5)
+    s.append({"time_unix_s": 0.0, "value": 0.0})
+    assert disk.inside.wait(2.0)  # the flusher thread is stuck on the disk
+    t0 = time.perf_counter()
+    for i in range(1, 101):
+        s.append({"time_unix_s": float(i), "value": float(i)})
+    assert time.perf_counter() - t0 < 0.1  # the loop went on meanwhile
+    w.finish()
+    assert list(read_record(w.dir).series("steps")["value"]) == [float(i) for i in range(101)]
+
+    # the same disk without the thread: the append that finds a flush due waits for it
+    w2 = RunWriter(tmp_path, kind="train")
+    inline = w2.series("steps", SCHEMA, flush_interval_s=0.0)
+    inline._file = _SlowDisk(inline._file, delay_s=0.3)
+    t0 = time.perf_counter()
+    inline.append({"time_unix_s": 0.0, "value": 0.0})
+    assert time.perf_counter() - t0 >= 0.3
+    w2.finish()
+
+
+def test_a_background_series_reaches_the_disk_without_further_appends(tmp_path):
+    w = RunWriter(tmp_path, kind="train")
+    s = w.series("steps", SCHEMA, flush_interval_s=0.05, background=True)
+    for i in range(3):
+        s.append({"time_unix_s": float(i), "value": float(i)})
+    deadline = time.monotonic() + 5.0
+    while read_series_table(w.dir / "series" / "steps").num_rows < 3:
+        assert time.monotonic() < deadline, "rows never reached the disk"
+        time.sleep(0.02)
+    # closing wakes the thread rather than waiting out a long interval, and loses nothing
+    late = w.series("late", SCHEMA, flush_interval_s=60.0, background=True)
+    for i in range(1000):
+        late.append({"time_unix_s": float(i), "value": float(i)})
+    t0 = time.perf_counter()
+    w.finish()
+    assert time.perf_counter() - t0 < 5.0
+    assert len(read_record(w.dir).series("late")) == 1000
 
 
 def test_truncated_stream_keeps_complete_batches(tmp_path):

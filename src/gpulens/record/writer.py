@@ -57,14 +57,24 @@ class SeriesWriter:
     """Appends rows of one time series; rows reach the disk at least every ``flush_interval_s``.
 
     Thread-safe. Rows are dicts whose keys are the schema's fields (missing keys are null).
+    ``background``: a thread of its own writes the rows, so that ``append`` (on a training
+    loop's thread) never waits for the disk; otherwise the ``append`` that finds a flush due
+    writes them.
     """
 
-    def __init__(self, path: Path, arrow_schema: pa.Schema, flush_interval_s: float = 1.0):
+    def __init__(
+        self,
+        path: Path,
+        arrow_schema: pa.Schema,
+        flush_interval_s: float = 1.0,
+        background: bool = False,
+    ):
         self.path = Path(path).with_suffix(schema.STREAM_SUFFIX)
         self.schema = arrow_schema
         self.flush_interval_s = flush_interval_s
         self._rows: list[dict[str, Any]] = []
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the rows; never held while writing
+        self._io_lock = threading.Lock()  # the file; taken before _lock where both are
         self._file = open(self.path, "wb")  # noqa: SIM115 - stays open for the run's lifetime
         self._writer = pa.ipc.new_stream(self._file, arrow_schema)
         # An empty batch puts the schema on disk now, so a record killed before its first flush
@@ -74,35 +84,58 @@ class SeriesWriter:
         self._last_flush = time.monotonic()
         self.rows_written = 0
         self._closed = False
+        self._closing = threading.Event()
+        self._flusher: threading.Thread | None = None
+        if background:
+            self._flusher = threading.Thread(
+                target=self._flush_loop, name=f"gpulens-flush-{self.path.stem}", daemon=True
+            )
+            self._flusher.start()
 
     def append(self, row: dict[str, Any]) -> None:
         with self._lock:
             self._rows.append(row)
-            if time.monotonic() - self._last_flush >= self.flush_interval_s:
-                self._flush_locked()
+            due = (
+                self._flusher is None
+                and time.monotonic() - self._last_flush >= self.flush_interval_s
+            )
+        if due:
+            self.flush()
 
     def flush(self) -> None:
-        with self._lock:
-            self._flush_locked()
+        with self._io_lock:
+            self._write_pending()
 
-    def _flush_locked(self) -> None:
-        self._last_flush = time.monotonic()
-        if not self._rows or self._closed:
+    def _write_pending(self) -> None:
+        """Write the rows appended so far (hold ``_io_lock``)."""
+        with self._lock:
+            rows, self._rows = self._rows, []
+            self._last_flush = time.monotonic()
+        if not rows or self._closed:
             return
-        # from_pylist: a third of the time of building columns in Python (on the training
-        # thread, once a second); missing keys become nulls either way
-        batch = pa.RecordBatch.from_pylist(self._rows, schema=self.schema)
-        self._writer.write_batch(batch)
+        # from_pylist: a third of the time of building columns in Python; missing keys become
+        # nulls either way
+        self._writer.write_batch(pa.RecordBatch.from_pylist(rows, schema=self.schema))
         self._file.flush()  # into the page cache: survives the death of this process
-        self.rows_written += len(self._rows)
-        self._rows = []
+        self.rows_written += len(rows)
+
+    def _flush_loop(self) -> None:
+        while not self._closing.wait(max(self.flush_interval_s, 0.01)):
+            try:
+                self.flush()
+            except Exception as exc:  # a full disk must not kill the workload; close() retries
+                log.warning("could not write series %s: %s", self.path.name, exc)
+                return
 
     def close(self, compact: bool = True) -> Path:
         """Flush, close, and (by default) compact the stream into a Parquet file."""
-        with self._lock:
+        self._closing.set()
+        if self._flusher is not None and self._flusher is not threading.current_thread():
+            self._flusher.join(timeout=30)
+        with self._io_lock:
             if self._closed:
                 return self.path
-            self._flush_locked()
+            self._write_pending()
             self._writer.close()
             self._file.close()
             self._closed = True
@@ -190,8 +223,17 @@ class RunWriter:
                 log.warning("heartbeat failed: %s", exc)
 
     # --- series ---------------------------------------------------------------------------
-    def series(self, name: str, arrow_schema: pa.Schema, flush_interval_s: float = 1.0):
-        writer = SeriesWriter(self.dir / schema.SERIES_DIR / name, arrow_schema, flush_interval_s)
+    def series(
+        self,
+        name: str,
+        arrow_schema: pa.Schema,
+        flush_interval_s: float = 1.0,
+        background: bool = False,
+    ) -> SeriesWriter:
+        """A new series of this run (``background``: see :class:`SeriesWriter`)."""
+        writer = SeriesWriter(
+            self.dir / schema.SERIES_DIR / name, arrow_schema, flush_interval_s, background
+        )
         self._series[name] = writer
         return writer
 

@@ -168,18 +168,18 @@ class Tracker:
             self._join_group(name, runs_root)
         else:
             self._start_own_run(name, runs_root)
+        series_dir = self.run_dir / schema.SERIES_DIR
         if self.ranks.distributed:
             series = SeriesWriter(
-                self.run_dir / schema.SERIES_DIR / rank_series_name(self.ranks.rank),
-                RANK_STEPS_SCHEMA,
+                series_dir / rank_series_name(self.ranks.rank), RANK_STEPS_SCHEMA, background=True
             )
             self._rank_series = series
             self._series = _WithRank(series, self.ranks.rank)
             write_rank_file(self.run_dir, self.ranks.rank, self._rank_doc(RUNNING))
         elif self._owned_writer is None:
-            self._series = SeriesWriter(self.run_dir / schema.SERIES_DIR / "steps", STEPS_SCHEMA)
+            self._series = SeriesWriter(series_dir / "steps", STEPS_SCHEMA, background=True)
         else:
-            self._series = self._owned_writer.series("steps", STEPS_SCHEMA)
+            self._series = self._owned_writer.series("steps", STEPS_SCHEMA, background=True)
         self._timer = StepTimer(self._series, cuda=False, warmup_steps=warmup_steps)
         if self._owned_writer is not None:
             self._start_monitor(sample_hz)

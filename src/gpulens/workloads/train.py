@@ -88,7 +88,9 @@ def _train(
     eff = prepared.effective
     run.set_effective(eff.as_dict())
     cuda = device.type == "cuda"
-    timer = StepTimer(writer.series("steps", STEPS_SCHEMA), cuda=cuda, warmup_steps=0)
+    # written by a thread of its own: the training loop never waits for the disk
+    steps = writer.series("steps", STEPS_SCHEMA, background=True)
+    timer = StepTimer(steps, cuda=cuda, warmup_steps=0)
     with run.monitor(probes, hz=eff.sample_hz):
         loop = measured_loop(prepared, eff, device, timer, progress, eff.batch_size)
         timer.finish()
