@@ -25,13 +25,16 @@
 #   gpm       issue 19: does sampling GPM cost a launch-bound loop? sampler-only blocks with GPM
 #             once a second (the default since 838a8f6), at every 10 Hz sample, and without,
 #             GPM_BLOCKS (28) pairs each, r18 b1 and b8, SM clock after every block (~8 min; H100 and H200)
-#   timer     issue 19: where the step timer's cost at batch 1 comes from (H200, session 16:
+#   timer     (superseded by interleaved) issue 19: where the step timer's cost at batch 1 comes from (H200, session 16:
 #             0.962 and 0.979 of the plain loop with the timer alone, none at batch 8): blocks
 #             with the full timer, the timer without CUDA events, and timer + sampler, 24 pairs
 #             each, r18 b1 and b8 (~6 min; H200 first, then H100)
 #   interleaved issue 19: each part of gpulens (step timer, timer without events, sampler, both,
 #             tracking API) against the plain step, alternating every ~50 ms inside one loop,
-#             with a plain/plain control; r18 b1 and b8 (~6 min; H200 and H100)
+#             with a plain/plain control; r18 b1 and b8 (~6 min; H200 and H100). Session 17 at
+#             f7bee98: H100 full 0.994 (b1), 0.992 (b8); H200 full 0.971 and 0.969 (b1, half of
+#             it one ~200 ms stall), 0.991 (b8). Next: the same since 24d8ca2 (step rows written
+#             by a thread of their own), whose JSON lists each arm's stalls
 #   pin       issue 19: is the launch-bound noise the host's scheduling? r18 b8 and b1 whole-run
 #             pairs, unpinned, then the same pinned to 4 CPUs of distinct physical cores (~4 min)
 #
