@@ -300,7 +300,7 @@ def run_blocks(
     sync()
     steps = max(20, int(block_s / ((time.perf_counter() - t0) / 50)))
     writer = RunWriter(runs_root, kind="overhead", name="blocks")
-    series = writer.series("steps", STEPS_SCHEMA)
+    series = writer.series("steps", STEPS_SCHEMA, background=True)  # as gpulens run writes it
     cuda_timer = DEVICE.type == "cuda" and not host_timer  # host_timer: no CUDA events at all
     timer = StepTimer(series, cuda=cuda_timer, warmup_steps=0, gpu_every=gpu_every)
     probes = [ProbeSpec("host", {"root_pid": os.getpid()})]

@@ -114,7 +114,7 @@ def interleave(
     writer = RunWriter(root, kind="overhead", name=f"interleaved-{arm}")
     timer = None
     if arm in ("timer", "host_timer", "full"):
-        series = writer.series("steps", STEPS_SCHEMA)
+        series = writer.series("steps", STEPS_SCHEMA, background=True)  # as in gpulens run
         timer = StepTimer(
             series, cuda=DEVICE.type == "cuda" and arm != "host_timer", warmup_steps=0
         )
