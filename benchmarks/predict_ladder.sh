@@ -7,6 +7,8 @@
 #        predict_session.sh (the sources, each with a 5-step profiler window) and at half the
 #        smaller and twice the larger one (the targets, never used to build the model).
 #        BATCH_CASES="vit_b_16:32,64" overrides the list (workload:size,size,...).
+#        REPEATS=2 runs each twice (separate processes): predict_same_gpu.py's "repeats" row is
+#        then the spread between runs of one configuration, the floor under its other figures.
 # gpus:  the same workloads on 1 GPU and as 2-GPU DDP (same per-GPU batch): the all-reduce model
 #        predicts the second from the first, uncalibrated (no pair of its own in the store).
 # Then python benchmarks/predict_same_gpu.py predict-ladder-*.tgz scores them.
@@ -25,7 +27,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.draw --format=csv,noh
 # device call's limit
 start_s=$(date +%s)
 one() {  # workload batch gpus profiler-steps
-  local w=$1 b=$2 g=$3 p=$4 name="ladder-$1-b$2-g$3"
+  local w=$1 b=$2 g=$3 p=$4 name="ladder-$1-b$2-g$3${REP:+-r$REP}"
   if (( $(date +%s) - start_s > ${BUDGET_S:-420} )); then echo "$name skipped: budget" >&2; return; fi
   local extra=(); [ "$p" -gt 0 ] && extra=(--torch-profiler "$p")
   [ "$g" -gt 1 ] && extra+=(--gpus "$g")
@@ -45,7 +47,11 @@ for part in $PARTS; do
                      vgg16:16,32,64,128 vit_b_16:16,32,64,128 gpt2:2,4,8,16}; do
         w=${w_sizes%%:*}
         IFS=, read -r -a sizes <<< "${w_sizes##*:}"
-        for b in "${sizes[@]}"; do one "$w" "$b" 1 5; done
+        for b in "${sizes[@]}"; do
+          if [ "${REPEATS:-1}" -gt 1 ]; then
+            for r in $(seq 1 "$REPEATS"); do REP=$r one "$w" "$b" 1 5; done
+          else one "$w" "$b" 1 5; fi
+        done
       done ;;
     gpus)
       if [ "$ngpu" -lt 2 ]; then echo "gpus: needs 2 GPUs, this machine has $ngpu" >&2; continue; fi

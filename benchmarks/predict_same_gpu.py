@@ -115,6 +115,26 @@ def probe_rows(points: list[dict]) -> list[dict]:
     return rows
 
 
+def repeat_rows(points: list[dict]) -> list[dict]:
+    """Runs of one configuration repeated on one machine (`REPEATS=2 predict_ladder.sh`), each
+    taking the other's throughput as its prediction: the spread between processes, a floor
+    under any prediction's error there."""
+    groups = defaultdict(list)
+    for p in points:
+        groups[(p["gpu"], *p["key"], p["batch"], p["gpus"], p["origin"])].append(p)
+    rows = []
+    for (gpu, workload, *_), ps in groups.items():
+        for a in ps:
+            for b in ps:
+                if a is not b:
+                    rows.append({
+                        "gpu": gpu, "workload": workload, "batch": a["batch"], "gpus": a["gpus"],
+                        "from": a["run_id"], "to": b["run_id"],
+                        "ape_pct": ape_pct(a["tput"], b["tput"]),
+                    })  # fmt: skip
+    return rows
+
+
 def gpus_cases(points: list[dict]) -> list[dict]:
     rows = []
     for one in (p for p in points if p["gpus"] == 1):
@@ -184,6 +204,7 @@ def main() -> int:
         batch = batch_cases(points)
         gpus = gpus_cases(points)
         probes = probe_rows(points)
+        repeats = repeat_rows(points)
     print(f"{'gpu':<6} {'workload':<9} {'batch':>11} {'set':<9} {'pred':>8} {'meas':>8} "
           f"{'err%':>6} {'naive%':>7}")  # fmt: skip
     for r in batch:
@@ -236,6 +257,9 @@ def main() -> int:
                 "mape_pct": _mape(rs),
                 "naive_mape_pct": _mape(rs, "naive_ape_pct"),
             }
+    if repeats:  # the same configuration twice: the floor under every figure above
+        figure = _mape(repeats)  # a repeat's "naive" prediction is itself
+        summary["repeats"] = {"cases": len(repeats), "mape_pct": figure, "naive_mape_pct": figure}
     if probes:
         print("\nhost issue probe (idle GPU) against the measured step")
         for r in probes:
@@ -270,6 +294,7 @@ def main() -> int:
             "gpus_cases": gpus,
             "workers_cases": workers,
             "host_issue_probes": probes,
+            "repeat_cases": repeats,
         }
         args.out.write_text(json.dumps(doc, indent=1, default=str))
     return 0
