@@ -492,3 +492,34 @@ def test_mlflow_environment_picks_the_experiment_and_the_users_run(tmp_path, mon
     monkeypatch.setenv("MLFLOW_RUN_ID", "no-such-run")
     with pytest.raises(UsageError, match="MLFLOW_RUN_ID=no-such-run is not a run"):
         mlflow_sink.log_record(dirs["cmd"], uri)
+
+
+OPEN_CLIENT = """
+import sys
+import mlflow
+from gpulens.store.mlflow_sink import open_client
+client = open_client(mlflow, sys.argv[1])
+print(len(client.search_experiments()))
+"""
+
+
+@pytest.mark.slow
+def test_processes_opening_a_fresh_sqlite_store_at_once_all_get_it(tmp_path):
+    """Making an MlflowClient creates and migrates a SQLite store; two processes doing it at
+    once (the live logger and the end-of-run store of a short run, say) can leave it unusable
+    to both (`table _alembic_tmp_tags already exists`). gpulens makes them one at a time."""
+    pytest.importorskip("mlflow")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", OPEN_CLIENT, uri],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for _ in range(3)
+    ]
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (out, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err[-1500:]
+        assert out.strip() == "1"  # the Default experiment, in one working store

@@ -16,6 +16,7 @@ import pytest
 from gpulens.record import schema
 from gpulens.record.reader import read_record
 from gpulens.store import mlflow_sink
+from gpulens.store.availability import store_lock
 
 mlflow = pytest.importorskip("mlflow")
 pytestmark = pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy")
@@ -115,19 +116,20 @@ def test_a_cpu_run_appears_in_mlflow_while_it_runs(tmp_path):
             time.sleep(1.0)
             if not (home / "mlflow.db").exists():
                 continue
-            try:
+            # under gpulens's own store lock: a process that opens a fresh SQLite store while
+            # gpulens creates it races MLflow's schema migration, which can leave the store
+            # unusable to both (`table _alembic_tmp_tags already exists`)
+            with store_lock(uri):
                 client = mlflow.MlflowClient(uri)
                 runs = client.search_runs(
                     [e.experiment_id for e in client.search_experiments()],
                     filter_string="tags.`gpulens.live` = 'true'",
                 )
-            except Exception:  # the database being made
-                continue
-            running = [r for r in runs if r.info.status == "RUNNING"]
-            if running and client.get_metric_history(
-                running[0].info.run_id, "system/cpu_utilization_percentage"
-            ):
-                seen = running[0].info.run_id
+                running = [r for r in runs if r.info.status == "RUNNING"]
+                if running and client.get_metric_history(
+                    running[0].info.run_id, "system/cpu_utilization_percentage"
+                ):
+                    seen = running[0].info.run_id
         out, err = proc.communicate(timeout=180)
     finally:
         if proc.poll() is None:

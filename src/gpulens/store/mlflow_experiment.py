@@ -55,7 +55,7 @@ def _client(tracking_uri: str | None, experiment: str | None):
     mlflow = mlflow_sink.import_mlflow()
     uri = tracking_uri or default_tracking_uri()
     experiment = experiment or mlflow_sink.default_experiment()
-    return mlflow.MlflowClient(tracking_uri=uri), uri, experiment
+    return mlflow_sink.open_client(mlflow, uri), uri, experiment
 
 
 def log_stalls_experiment(

@@ -34,7 +34,7 @@ def store_runs(
     require_reachable(uri)
     wanted = limit if limit and limit > 0 else MAX_STORE_RUNS
     with mlflow_http_limits():
-        client = mlflow.MlflowClient(tracking_uri=uri)
+        client = mlflow_sink.open_client(mlflow, uri)
         exp = client.get_experiment_by_name(experiment)
         if exp is None:
             raise UsageError(
