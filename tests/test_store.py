@@ -497,7 +497,7 @@ def test_mlflow_environment_picks_the_experiment_and_the_users_run(tmp_path, mon
 OPEN_CLIENT = """
 import sys
 import mlflow
-from gpulens.store.mlflow_sink import open_client
+from gpulens.store.availability import open_client
 client = open_client(mlflow, sys.argv[1])
 print(len(client.search_experiments()))
 """

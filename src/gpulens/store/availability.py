@@ -313,6 +313,14 @@ def store_lock(uri: str, timeout_s: float = LOCK_TIMEOUT_S) -> Iterator[None]:
         yield
 
 
+def open_client(mlflow, uri: str):
+    """An ``MlflowClient`` for ``uri``, made under the store's lock: making one creates or
+    migrates a local SQLite store, and two processes doing that at once can leave it unusable
+    to both (``table _alembic_tmp_tags already exists``). Not for use under that lock."""
+    with store_lock(uri):
+        return mlflow.MlflowClient(tracking_uri=uri)
+
+
 def is_locked_error(exc: BaseException) -> bool:
     """Whether ``exc`` (or what caused it) is SQLite's ``database is locked``."""
     seen = 0

@@ -27,7 +27,7 @@ from typing import Any
 from gpulens.paths import default_tracking_uri
 from gpulens.record.reader import read_record
 from gpulens.store import mlflow_sink
-from gpulens.store.availability import mlflow_http_limits, store_lock
+from gpulens.store.availability import mlflow_http_limits, open_client, store_lock
 from gpulens.store.queries import flatten, is_number
 
 # MLflow metric keys: alphanumerics, underscores, dashes, periods, spaces and slashes.
@@ -55,7 +55,7 @@ def _client(tracking_uri: str | None, experiment: str | None):
     mlflow = mlflow_sink.import_mlflow()
     uri = tracking_uri or default_tracking_uri()
     experiment = experiment or mlflow_sink.default_experiment()
-    return mlflow_sink.open_client(mlflow, uri), uri, experiment
+    return open_client(mlflow, uri), uri, experiment
 
 
 def log_stalls_experiment(

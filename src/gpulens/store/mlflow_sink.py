@@ -188,14 +188,6 @@ def _artifact_location(uri: str, experiment: str) -> str | None:
     return None
 
 
-def open_client(mlflow, uri: str):
-    """An ``MlflowClient`` for ``uri``, made under the store's lock: making one creates or
-    migrates a local SQLite store, and two processes doing that at once can leave it unusable
-    to both (``table _alembic_tmp_tags already exists``). Not for use under that lock."""
-    with store_lock(uri):
-        return mlflow.MlflowClient(tracking_uri=uri)
-
-
 def ensure_experiment(client, uri: str, experiment: str) -> str:
     exp = client.get_experiment_by_name(experiment)
     if exp is None:

@@ -12,7 +12,7 @@ from typing import Any
 
 from gpulens.errors import UsageError
 from gpulens.paths import default_tracking_uri
-from gpulens.store.availability import mlflow_http_limits, require_reachable
+from gpulens.store.availability import mlflow_http_limits, open_client, require_reachable
 
 MAX_STORE_RUNS = 10_000
 
@@ -34,7 +34,7 @@ def store_runs(
     require_reachable(uri)
     wanted = limit if limit and limit > 0 else MAX_STORE_RUNS
     with mlflow_http_limits():
-        client = mlflow_sink.open_client(mlflow, uri)
+        client = open_client(mlflow, uri)
         exp = client.get_experiment_by_name(experiment)
         if exp is None:
             raise UsageError(
