@@ -232,6 +232,12 @@ def test_find_run_prefix_latest_name_and_errors(store_home):
     assert info.value.exit_code == 2
     with pytest.raises(UsageError, match="no runs stored"):
         queries.find_run("latest", home=store_home / "empty")
+    # a path that holds no run says so, whether or not runs are stored
+    for home in (store_home, store_home / "empty"):
+        with pytest.raises(UsageError, match="/nonexistent is no run directory: give a run "):
+            queries.find_run("/nonexistent", home=home)
+        with pytest.raises(UsageError, match="is a folder without a run.json"):
+            queries.find_run(str(store_home / "runs"), home=home)
 
 
 def test_compare_two_runs(store_home):

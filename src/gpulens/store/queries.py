@@ -222,6 +222,17 @@ def load_runs(home: Path | str | None = None) -> pd.DataFrame:
     return df
 
 
+def _not_a_run_dir(key: str, as_path: Path) -> None:
+    """Raises the error for a ``key`` that names a path (an existing one, or one written as a
+    path) holding no run: it is no run id, and no name matched it."""
+    if as_path.exists() or key.startswith(("/", "./", "../", "~")):
+        what = "is a folder without a run.json" if as_path.is_dir() else "is no run directory"
+        raise UsageError(
+            f"{key} {what}: give a run directory (one holding run.json) or a run id from "
+            "`gpulens runs list`"
+        )
+
+
 def find_run(id_or_prefix: str | Path, home: Path | str | None = None) -> RunRecord:
     """A record by run id, unique id prefix, exact name, ``latest``, or run directory path."""
     key = str(id_or_prefix).strip()
@@ -232,6 +243,7 @@ def find_run(id_or_prefix: str | Path, home: Path | str | None = None) -> RunRec
         return read_record(as_path)
     records, damaged = _scan(home)
     if not records and not damaged:
+        _not_a_run_dir(key, as_path)
         where = runs_dir(Path(home) if home else None)
         raise UsageError(f"no runs stored in {where}: start one with `gpulens run`")
     if key == "latest":
@@ -254,6 +266,7 @@ def find_run(id_or_prefix: str | Path, home: Path | str | None = None) -> RunRec
             raise found.error()
         return found
     if not matches:
+        _not_a_run_dir(key, as_path)
         raise UsageError(f"no run matches '{key}': see `gpulens runs list`")
     shown = ", ".join(r.run_id for r in matches[:5]) + (", ..." if len(matches) > 5 else "")
     raise UsageError(
