@@ -88,6 +88,25 @@ def plain_step(model, opt, x, y):
     opt.zero_grad(set_to_none=True)
 
 
+def warmed_parts(case: dict, warmup_s: float = 0.0):
+    """:func:`plain_parts` after the case's warm-up steps (and plain steps for at least
+    ``warmup_s`` seconds more), with the plain step's time over 50 steps."""
+    model, opt, pool = plain_parts(case["workload"], case["batch_size"])
+    for i in range(case["warmup_steps"]):
+        plain_step(model, opt, *pool[i % len(pool)])
+    sync()
+    t0, warm = time.perf_counter(), 0
+    while time.perf_counter() - t0 < warmup_s:  # clocks up, allocator settled
+        plain_step(model, opt, *pool[warm % len(pool)])
+        warm += 1
+    sync()
+    t0 = time.perf_counter()
+    for i in range(50):
+        plain_step(model, opt, *pool[i % len(pool)])
+    sync()
+    return model, opt, pool, (time.perf_counter() - t0) / 50
+
+
 def sync():
     if DEVICE.type == "cuda":
         torch.cuda.synchronize(DEVICE)
@@ -289,16 +308,9 @@ def run_blocks(
     from gpulens.record.schema import STEPS_SCHEMA
     from gpulens.record.writer import RunWriter
 
-    model, opt, pool = plain_parts(case["workload"], case["batch_size"])
+    model, opt, pool, step_s = warmed_parts(case)
     batch = case["batch_size"]
-    for i in range(case["warmup_steps"]):
-        plain_step(model, opt, *pool[i % len(pool)])
-    sync()
-    t0 = time.perf_counter()
-    for i in range(50):
-        plain_step(model, opt, *pool[i % len(pool)])
-    sync()
-    steps = max(20, int(block_s / ((time.perf_counter() - t0) / 50)))
+    steps = max(20, int(block_s / step_s))
     writer = RunWriter(runs_root, kind="overhead", name="blocks")
     series = writer.series("steps", STEPS_SCHEMA, background=True)  # as gpulens run writes it
     cuda_timer = DEVICE.type == "cuda" and not host_timer  # host_timer: no CUDA events at all

@@ -46,7 +46,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from launch_overhead import CASES, DEVICE, plain_parts, plain_step, sync  # noqa: E402
+from launch_overhead import CASES, DEVICE, plain_step, sync, warmed_parts  # noqa: E402
 
 ARMS = ("aa", "timer", "host_timer", "sampler", "full", "tracker")
 BOOTSTRAP = 2000
@@ -92,22 +92,8 @@ def interleave(
     from gpulens.record.schema import STEPS_SCHEMA
     from gpulens.record.writer import RunWriter
 
-    model, opt, pool = plain_parts(case["workload"], case["batch_size"])
+    model, opt, pool, step_s = warmed_parts(case, warmup_s)
     batch = case["batch_size"]
-    for i in range(case["warmup_steps"]):
-        plain_step(model, opt, *pool[i % len(pool)])
-    sync()
-    t0 = time.perf_counter()
-    warm = 0
-    while time.perf_counter() - t0 < warmup_s or warm < 50:  # clocks up, allocator settled
-        plain_step(model, opt, *pool[warm % len(pool)])
-        warm += 1
-    sync()
-    t0 = time.perf_counter()
-    for i in range(50):
-        plain_step(model, opt, *pool[i % len(pool)])
-    sync()
-    step_s = (time.perf_counter() - t0) / 50
     chunk = max(4, round(chunk_s / step_s))
     pairs = max(10, int(seconds / (2 * chunk * step_s)))
 
