@@ -15,25 +15,25 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tarfile
 import tempfile
 from pathlib import Path
 
+from predict_validation import load_records
+
+from gpulens.errors import UsageError
 from gpulens.predict.batch import scale_batch
 from gpulens.predict.catalog import find_gpu
 from gpulens.predict.features import run_facts
 from gpulens.predict.roofline import hardware, peak_column
-from gpulens.record.reader import read_record
 
 
 def profiled_runs(ladder: Path, into: Path) -> list:
-    with tarfile.open(ladder) as tar:
-        tar.extractall(into, filter="data")
+    """The facts of a ladder's finished, profiled 1-GPU runs."""
     runs = []
-    for run_dir in sorted(into.glob("runs/*/")):
+    for rec in load_records([ladder], into):
         try:
-            facts = run_facts(read_record(run_dir))
-        except Exception:  # not a run directory, or an unfinished run
+            facts = run_facts(rec)
+        except UsageError:
             continue
         if facts.trace is not None and facts.trace_steps > 0 and facts.gpus == 1:
             runs.append(facts)
