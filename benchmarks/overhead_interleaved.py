@@ -19,6 +19,12 @@ Arms (instrumented = the plain step plus):
 - ``full``: the step timer and the sampler together, both toggled: what ``gpulens run`` adds.
 - ``tracker``: ``tracker.data()`` and ``tracker.step()`` inside ``gpulens.track()`` (its
   sampler running throughout both arms).
+- ``inject``: what ``gpulens run -- python train.py`` puts into an unmodified script
+  (:mod:`gpulens.workloads.inject`): the batches come from a ``DataLoader`` in both arms, its
+  own iterator in the plain chunks and the injected one in the others, and the global
+  optimizer post-hook that ends each step is in place only in the instrumented chunks (the
+  injected tracker's sampler running throughout both arms). Run last: the injection stays
+  installed in the process.
 
 Figures per arm (throughput ratio instrumented / plain, > 1 is faster): ``ratio`` = plain
 time / instrumented time over all chunks, with a 95% bootstrap interval over the pairs;
@@ -26,7 +32,7 @@ time / instrumented time over all chunks, with a 95% bootstrap interval over the
 difference in step time.
 
     python benchmarks/overhead_interleaved.py --out r.json [--cases r18_b1,r18_b8]
-        [--arms aa,timer,host_timer,sampler,full,tracker] [--seconds 25] [--chunk-s 0.05]
+        [--arms aa,timer,host_timer,sampler,full,tracker,inject] [--seconds 25] [--chunk-s 0.05]
 """
 
 from __future__ import annotations
@@ -48,7 +54,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from launch_overhead import CASES, DEVICE, plain_step, sync, warmed_parts  # noqa: E402
 
-ARMS = ("aa", "timer", "host_timer", "sampler", "full", "tracker")
+ARMS = ("aa", "timer", "host_timer", "sampler", "full", "tracker", "inject")
 BOOTSTRAP = 2000
 # Pairs run and dropped after the pause before measuring: the first chunk after it runs cold
 # (on a CPU, 10 pairs of plain/plain read 1.03 with it kept).
@@ -82,6 +88,53 @@ class Toggle:
             os.kill(self.pid, signal.SIGSTOP)
 
 
+class EndlessBatches(torch.utils.data.IterableDataset):
+    """The on-device batches of the pool, round and round, for a ``DataLoader``."""
+
+    def __init__(self, pool: list) -> None:
+        self.pool = pool
+
+    def __iter__(self):
+        i = 0
+        while True:
+            yield self.pool[i % len(self.pool)]
+            i += 1
+
+
+class InjectedLoader:
+    """One ``DataLoader`` with two iterators: its own (made before the injection goes in) and
+    the injected one; ``on``/``off`` put the injection's optimizer post-hook in and take it out."""
+
+    def __init__(self, pool: list) -> None:
+        import torch.optim.optimizer as optimizer_module
+
+        from gpulens.workloads import inject
+
+        self._inject, self._optimizer_module = inject, optimizer_module
+        loader = torch.utils.data.DataLoader(EndlessBatches(pool), batch_size=None)
+        self.plain = iter(loader)
+        os.environ[inject.INJECT_ENV] = "1"
+        if not inject.install():
+            raise RuntimeError(f"injection not installed: {inject._state['failed']}")
+        self.injected = iter(loader)
+        if not isinstance(self.injected, inject._TimedLoaderIter):
+            raise RuntimeError("the DataLoader's iterator was not injected")
+
+    @property
+    def tracker(self):
+        return self._inject._state["tracker"]
+
+    def on(self) -> None:
+        if self._inject._state["step_hook"] is None:
+            self._inject._hook_optimizer(self._optimizer_module)
+
+    def off(self) -> None:
+        hook = self._inject._state["step_hook"]
+        if hook is not None:
+            hook.remove()
+            self._inject._state["step_hook"] = None
+
+
 def interleave(
     case: dict, arm: str, seconds: float, chunk_s: float, root: Path, warmup_s: float = 1.0
 ) -> dict:
@@ -104,8 +157,22 @@ def interleave(
         timer = StepTimer(
             series, cuda=DEVICE.type == "cuda" and arm != "host_timer", warmup_steps=0
         )
-    monitor = Monitor(writer, probe_specs(), hz=10.0).start() if arm != "tracker" else None
+    own_sampler = arm not in ("tracker", "inject")  # those two start their own
+    monitor = Monitor(writer, probe_specs(), hz=10.0).start() if own_sampler else None
     toggle = Toggle(monitor if arm in ("sampler", "full") else None)
+    injected = InjectedLoader(pool) if arm == "inject" else None
+    if injected is not None:
+        plain_batches = injected.plain
+
+        def plain_batch(i: int):
+            return next(plain_batches)
+
+        toggle = injected  # the hook is in only in the instrumented chunks
+    else:
+
+        def plain_batch(i: int):
+            return pool[i % len(pool)]
+
     tracker_ctx = tracker = tracked = None
     if arm == "tracker":
         tracker_ctx = gpulens.track(name="overhead-interleaved", store=False)
@@ -131,10 +198,12 @@ def interleave(
             x, y = next(tracked)
             plain_step(model, opt, x, y)
             tracker.step()
+        elif injected is not None:  # the optimizer's post-hook ends the step
+            plain_step(model, opt, *next(injected.injected))
         else:  # aa, sampler: the plain step
-            plain_step(model, opt, *pool[i % len(pool)])
+            plain_step(model, opt, *plain_batch(i))
 
-    if timer is not None:  # calibrated as in a run, before anything is measured
+    if timer is not None or injected is not None:  # calibrated as in a run, before measuring
         for i in range(40):
             instrumented_step(i)
     time.sleep(0.3)  # the sampler past its first samples
@@ -153,7 +222,7 @@ def interleave(
                 if instrumented:
                     instrumented_step(step)
                 else:
-                    plain_step(model, opt, *pool[step % len(pool)])
+                    plain_step(model, opt, *plain_batch(step))
                 now = clock()
                 times[k] = now - last
                 last = now
@@ -163,6 +232,9 @@ def interleave(
     toggle.on()
     sync()
     result: dict[str, Any] = {"chunk_steps": chunk, "pairs": pairs}
+    if injected is not None:
+        injected_steps = 40 + (pairs + WARM_PAIRS) * chunk
+        result["steps_instrumented"] = injected_steps  # the tracker's count must match it
     if timer is not None:
         timer.finish()
         result["tracking_us_per_step"] = timer.tracking_us_per_step()
@@ -173,6 +245,12 @@ def interleave(
         summary = dict(tracker.summary() or {})
         tracker_ctx.__exit__(None, None, None)
         result["tracking_us_per_step"] = summary.get("tracking_us_per_step")
+    if injected is not None:
+        injected.off()  # the next arm's optimizer steps are not this tracker's
+        summary = dict(injected.tracker.summary() or {})
+        injected.tracker.close()
+        result["tracking_us_per_step"] = summary.get("tracking_us_per_step")
+        result["steps_tracked"] = summary.get("steps_total")
     writer.finish()
     result.update(summarize(np.array(plain_s), np.array(inst_s), batch))
     return result

@@ -30,8 +30,9 @@
 #             with the full timer, the timer without CUDA events, and timer + sampler, 24 pairs
 #             each, r18 b1 and b8 (~6 min; H200 first, then H100)
 #   interleaved issue 19: each part of gpulens (step timer, timer without events, sampler, both,
-#             tracking API) against the plain step, alternating every ~50 ms inside one loop,
-#             with a plain/plain control; r18 b1 and b8 (~6 min; H200 and H100). Session 17 at
+#             tracking API, injection into an unmodified script's DataLoader and optimizer) against
+#             the plain step, alternating every ~50 ms inside one loop, with a plain/plain
+#             control; r18 b1 and b8 (~7 min; H200 and H100). INTERLEAVED_ARMS picks arms. Session 17 at
 #             f7bee98: H100 full 0.994 (b1), 0.992 (b8); H200 full 0.971 and 0.969 (b1, half of
 #             it one ~200 ms stall), 0.991 (b8). Next: the same since 24d8ca2 (step rows written
 #             by a thread of their own), whose JSON lists each arm's stalls
@@ -87,7 +88,7 @@ for part in $PARTS; do
         --out "$OUT/pending/launch_overhead-timer-$commit-$gpu-$day.json" | grep -v "^  " | tail -8 ;;
     interleaved)
       timeout 560 python3 benchmarks/overhead_interleaved.py --cases "${INTERLEAVED_CASES:-r18_b1,r18_b8}" \
-        --seconds "${INTERLEAVED_S:-25}" --out "$OUT/pending/overhead_interleaved-$commit-$gpu-$day.json" \
+        --arms "${INTERLEAVED_ARMS:-aa,timer,host_timer,sampler,full,tracker,inject}" --seconds "${INTERLEAVED_S:-25}" --out "$OUT/pending/overhead_interleaved-$commit-$gpu-$day.json" \
         | tail -16 ;;
     pin)
       lscpu > "$OUT/pending/lscpu.txt" 2>&1

@@ -34,7 +34,7 @@ INJECT_ENV = "GPULENS_INJECT"  # "1": the launcher asks for injection; "0" or un
 MAX_STEPS_ENV = "GPULENS_MAX_STEPS"
 WARMUP_STEPS = 5  # the injected tracker's warm-up steps, not measured
 _state: dict[str, Any] = {"tracker": None, "failed": None, "installed": False, "steps": 0,
-                          "loader": None, "pending_eval": False}  # fmt: skip
+                          "loader": None, "pending_eval": False, "step_hook": None}  # fmt: skip
 _trained: weakref.WeakSet = weakref.WeakSet()  # loaders an optimizer step was taken from
 
 
@@ -195,7 +195,8 @@ def _hook_optimizer(module: Any) -> None:
             # blocks and atexit run; the tracker writes its steps at exit)
             raise SystemExit(0)
 
-    module.register_optimizer_step_post_hook(after_step)
+    # the handle: benchmarks/overhead_interleaved.py takes the hook out between its chunks
+    _state["step_hook"] = module.register_optimizer_step_post_hook(after_step)
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
