@@ -88,8 +88,9 @@ for part in $PARTS; do
         --out "$OUT/pending/launch_overhead-timer-$commit-$gpu-$day.json" | grep -v "^  " | tail -8 ;;
     interleaved)
       timeout 560 python3 benchmarks/overhead_interleaved.py --cases "${INTERLEAVED_CASES:-r18_b1,r18_b8}" \
-        --arms "${INTERLEAVED_ARMS:-aa,timer,host_timer,sampler,full,tracker,inject}" --seconds "${INTERLEAVED_S:-25}" --out "$OUT/pending/overhead_interleaved-$commit-$gpu-$day.json" \
-        | tail -16 ;;
+        --arms "${INTERLEAVED_ARMS:-aa,timer,host_timer,sampler,full,tracker,inject}" \
+        --seconds "${INTERLEAVED_S:-25}" --out "$OUT/pending/overhead_interleaved-$commit-$gpu-$day.json" \
+        | tail -20 ;;
     pin)
       lscpu > "$OUT/pending/lscpu.txt" 2>&1
       grep . /sys/devices/system/cpu/cpu*/topology/thread_siblings_list > "$OUT/pending/siblings.txt" 2>&1
