@@ -26,6 +26,11 @@ Arms (instrumented = the plain step plus):
   injected tracker's sampler running throughout both arms). Run last: the injection stays
   installed in the process.
 
+Arms that take ``full`` apart (not run by default; ``--arms`` names them): ``full_host_timer``
+(the timer without CUDA events), ``full_sparse`` (CUDA events on one step in 64),
+``full_no_gpm`` (the GPU probe without GPM), ``full_host_probe`` (no NVML: the host probe only),
+``full_gpu_probe`` (the GPU probe only), each with the sampler toggled as in ``full``.
+
 Figures per arm (throughput ratio instrumented / plain, > 1 is faster): ``ratio`` = plain
 time / instrumented time over all chunks, with a 95% bootstrap interval over the pairs;
 ``median_ratio`` the same on the median step (free of stalls); ``cost_us_per_step`` the mean
@@ -44,6 +49,7 @@ import signal
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -54,7 +60,36 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from launch_overhead import CASES, DEVICE, plain_step, sync, warmed_parts  # noqa: E402
 
-ARMS = ("aa", "timer", "host_timer", "sampler", "full", "tracker", "inject")
+
+@dataclass(frozen=True)
+class Arm:
+    """What an arm adds to the plain step. ``timer``: None, "cuda" (events sampled as in a
+    run), "host" (no events) or "cuda_sparse" (events on one step in 64). ``sampler``: the
+    benchmark's own sampler process "throughout" both arms, "toggled" (instrumented chunks
+    only) or None (the tracking API brings its own). ``probes``: what that sampler runs."""
+
+    timer: str | None = None
+    sampler: str | None = "throughout"
+    probes: tuple[str, ...] = ("gpu", "host")
+    api: str | None = None  # "tracker" or "inject"
+
+
+ARM_SPECS = {
+    "aa": Arm(),
+    "timer": Arm(timer="cuda"),
+    "host_timer": Arm(timer="host"),
+    "sampler": Arm(sampler="toggled"),
+    "full": Arm(timer="cuda", sampler="toggled"),
+    "tracker": Arm(sampler=None, api="tracker"),
+    "inject": Arm(sampler=None, api="inject"),
+    "full_host_timer": Arm(timer="host", sampler="toggled"),
+    "full_sparse": Arm(timer="cuda_sparse", sampler="toggled"),
+    "full_no_gpm": Arm(timer="cuda", sampler="toggled", probes=("gpu_no_gpm", "host")),
+    "full_host_probe": Arm(timer="cuda", sampler="toggled", probes=("host",)),
+    "full_gpu_probe": Arm(timer="cuda", sampler="toggled", probes=("gpu",)),
+}
+ARMS = ("aa", "timer", "host_timer", "sampler", "full", "tracker", "inject")  # the default set
+SPARSE_GPU_EVERY = 64
 BOOTSTRAP = 2000
 # Pairs run and dropped after the pause before measuring: the first chunk after it runs cold
 # (on a CPU, 10 pairs of plain/plain read 1.03 with it kept).
@@ -62,13 +97,18 @@ WARM_PAIRS = 2
 STALL_X = 3.0
 
 
-def probe_specs() -> list:
-    """The sampler's probes as ``gpulens run`` starts them on this machine."""
+def probe_specs(kinds: tuple[str, ...] = ("gpu", "host")) -> list:
+    """The sampler's probes as ``gpulens run`` starts them on this machine (``kinds``: the
+    subset, or "gpu_no_gpm" for the GPU probe with GPM off)."""
     from gpulens.probes.monitor import ProbeSpec
 
-    probes = [ProbeSpec("host", {"root_pid": os.getpid()})]
-    if DEVICE.type == "cuda":
-        probes.insert(0, ProbeSpec("gpu", {"indices": [DEVICE.index or 0]}))
+    probes = []
+    if DEVICE.type == "cuda" and "gpu" in kinds:
+        probes.append(ProbeSpec("gpu", {"indices": [DEVICE.index or 0]}))
+    if DEVICE.type == "cuda" and "gpu_no_gpm" in kinds:
+        probes.append(ProbeSpec("gpu", {"indices": [DEVICE.index or 0], "gpm": False}))
+    if "host" in kinds:
+        probes.append(ProbeSpec("host", {"root_pid": os.getpid()}))
     return probes
 
 
@@ -150,17 +190,22 @@ def interleave(
     chunk = max(4, round(chunk_s / step_s))
     pairs = max(10, int(seconds / (2 * chunk * step_s)))
 
+    spec = ARM_SPECS[arm]
     writer = RunWriter(root, kind="overhead", name=f"interleaved-{arm}")
     timer = None
-    if arm in ("timer", "host_timer", "full"):
+    if spec.timer is not None:
         series = writer.series("steps", STEPS_SCHEMA, background=True)  # as in gpulens run
         timer = StepTimer(
-            series, cuda=DEVICE.type == "cuda" and arm != "host_timer", warmup_steps=0
+            series,
+            cuda=DEVICE.type == "cuda" and spec.timer != "host",
+            warmup_steps=0,
+            gpu_every=SPARSE_GPU_EVERY if spec.timer == "cuda_sparse" else None,
         )
-    own_sampler = arm not in ("tracker", "inject")  # those two start their own
-    monitor = Monitor(writer, probe_specs(), hz=10.0).start() if own_sampler else None
-    toggle = Toggle(monitor if arm in ("sampler", "full") else None)
-    injected = InjectedLoader(pool) if arm == "inject" else None
+    monitor = None
+    if spec.sampler is not None:
+        monitor = Monitor(writer, probe_specs(spec.probes), hz=10.0).start()
+    toggle = Toggle(monitor if spec.sampler == "toggled" else None)
+    injected = InjectedLoader(pool) if spec.api == "inject" else None
     if injected is not None:
         plain_batches = injected.plain
 
@@ -174,7 +219,7 @@ def interleave(
             return pool[i % len(pool)]
 
     tracker_ctx = tracker = tracked = None
-    if arm == "tracker":
+    if spec.api == "tracker":
         tracker_ctx = gpulens.track(name="overhead-interleaved", store=False)
         tracker = tracker_ctx.__enter__()
 
@@ -309,9 +354,10 @@ def main() -> int:
     args = ap.parse_args()
     os.environ.setdefault("GPULENS_STORE", "0")
     arms = [a for a in args.arms.split(",") if a]
-    unknown = [a for a in arms if a not in ARMS]
+    unknown = [a for a in arms if a not in ARM_SPECS]
     if unknown:
-        ap.error(f"unknown arm(s) {unknown}: use {', '.join(ARMS)}")
+        ap.error(f"unknown arm(s) {unknown}: use {', '.join(ARM_SPECS)}")
+    arms.sort(key=lambda a: ARM_SPECS[a].api == "inject")  # the injection stays: run it last
     gpu = torch.cuda.get_device_name(0) if DEVICE.type == "cuda" else "cpu"
     doc: dict[str, Any] = {
         "benchmark": "overhead_interleaved",
@@ -332,19 +378,19 @@ def main() -> int:
             r["wall_s"] = round(time.perf_counter() - t0, 1)
             doc["cases"][name][arm] = r
             print(
-                f"{name} {arm:>10}: ratio {r['ratio']:.4f} {r['ratio_ci95']}  median "
+                f"{name} {arm:>15}: ratio {r['ratio']:.4f} {r['ratio_ci95']}  median "
                 f"{r['median_ratio']:.4f} {r['median_ratio_ci95']}  {r['cost_us_per_step']:+.1f} "
                 f"us/step of {r['plain_step_ms']:.3f} ms",
                 flush=True,
             )
             Path(args.out).write_text(json.dumps(doc, indent=2))  # survives a limit
     print(f"\n{gpu}: throughput ratio arm / plain, chunks alternating inside one loop")
-    print(f"{'case':<8} {'arm':>10} {'ratio':>7} {'95% interval':>17} {'median':>7} {'us/step':>8}")
+    print(f"{'case':<8} {'arm':>15} {'ratio':>7} {'95% interval':>17} {'median':>7} {'us/step':>8}")
     for name, arms_out in doc["cases"].items():
         for arm, r in arms_out.items():
             lo, hi = r["ratio_ci95"]
             print(
-                f"{name:<8} {arm:>10} {r['ratio']:7.4f} [{lo:.4f}, {hi:.4f}] "
+                f"{name:<8} {arm:>15} {r['ratio']:7.4f} [{lo:.4f}, {hi:.4f}] "
                 f"{r['median_ratio']:7.4f} {r['cost_us_per_step']:+8.1f}"
             )
     return 0
