@@ -134,6 +134,32 @@ def test_costly_events_on_a_short_step_are_sampled(stream):
     assert sum(r["compute_s"] is not None for r in later) <= 40 // every + 1
 
 
+def test_the_interval_follows_what_sampled_events_cost_later_in_the_run(stream):
+    # cheap events while calibrating, dear ones afterwards (as on a busy host): the interval
+    # chosen at calibration is chosen again from the run's own timed and untimed steps
+    timer = StepTimer(None, cuda=True, warmup_steps=0)
+    _train(timer, stream, steps.CALIBRATION_STEPS + 5, host_step_s=0.002)
+    calibrated = timer.gpu_timing_every_n_steps
+    assert calibrated < steps.MAX_GPU_EVERY
+    stream.record_cost_s = 0.0005  # 2 ms of records per timed step against 8 us allowed
+    timer_steps = max(steps.RECALIBRATE_STEPS, 8 * calibrated) + 10
+    _train(timer, stream, timer_steps, host_step_s=0.002)
+    assert timer.gpu_timing_every_n_steps == steps.MAX_GPU_EVERY
+
+
+def test_the_interval_shrinks_when_events_turn_cheap(stream):
+    stream.record_cost_s = 0.0005
+    timer = StepTimer(None, cuda=True, warmup_steps=0)
+    _train(timer, stream, steps.CALIBRATION_STEPS + 5, host_step_s=0.002)
+    assert timer.gpu_timing_every_n_steps == steps.MAX_GPU_EVERY
+    stream.record_cost_s = 0.0
+    # the first window still holds a dear step from before; the second is all cheap
+    _train(timer, stream, 2 * 8 * steps.MAX_GPU_EVERY + 10, host_step_s=0.002)
+    assert timer.gpu_timing_every_n_steps <= steps.MAX_GPU_EVERY // 4
+    timed = [r for r in timer.rows if r["compute_s"] is not None]
+    assert timed and all(r["compute_s"] == pytest.approx(COMPUTE_S) for r in timed)
+
+
 def test_long_steps_are_all_timed_whatever_the_events_cost(stream):
     stream.record_cost_s = 0.001
     timer = StepTimer(None, cuda=True, warmup_steps=0)

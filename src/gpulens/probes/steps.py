@@ -9,10 +9,14 @@ records, a query and three read-backs), which is over 1% of a launch-bound step 
 milliseconds. So by default (``gpu_every=None``) the first :data:`CALIBRATION_STEPS` steps are all
 timed on the GPU, and from then on one step in ``gpu_every``: every step when steps last
 :data:`LONG_STEP_S` or more, else one in as many as keeps the events' cost (as measured on the
-calibration steps) under :data:`GPU_TIMING_BUDGET` of a step. The
-host times (data wait, step time) are taken on every step; the GPU times (``h2d_s``,
-``compute_s``, ``gpu_step_time_s``) are None on the steps not sampled, and the summary says how
-they were sampled (``gpu_timing_every_n_steps``).
+calibration steps) under :data:`GPU_TIMING_BUDGET` of a step. The calibration steps, all timed,
+cost less per timed step than sampled ones do (those add a lone event and a query of their
+own: on an H200 host about 150 us against the calibration's 70), so every
+:data:`RECALIBRATE_STEPS` steps the interval is chosen again from what the events cost per timed
+step in the run itself. The host times (data wait, step time) are taken on
+every step; the GPU times (``h2d_s``, ``compute_s``, ``gpu_step_time_s``) are None on the steps
+not sampled, and the summary says how they were sampled (``gpu_timing_every_n_steps``, the
+interval in use at the end).
 """
 
 from __future__ import annotations
@@ -27,7 +31,13 @@ from typing import Any
 from gpulens.record.schema import STEPS_SCHEMA
 from gpulens.record.writer import SeriesWriter
 
-__all__ = ["CALIBRATION_STEPS", "GPU_TIMING_BUDGET", "STEPS_SCHEMA", "StepTimer"]
+__all__ = [
+    "CALIBRATION_STEPS",
+    "GPU_TIMING_BUDGET",
+    "RECALIBRATE_STEPS",
+    "STEPS_SCHEMA",
+    "StepTimer",
+]
 
 CALIBRATION_STEPS = 20  # steps all timed on the GPU before the sampling interval is chosen
 # Steps this long are all timed: events cost under 0.5% of them even on a slow host, and a
@@ -35,6 +45,7 @@ CALIBRATION_STEPS = 20  # steps all timed on the GPU before the sampling interva
 LONG_STEP_S = 0.03
 GPU_TIMING_BUDGET = 0.002  # at most this share of a step goes to CUDA events
 MAX_GPU_EVERY = 64
+RECALIBRATE_STEPS = 256  # the interval is chosen again over windows of this many steps (or more)
 
 
 @dataclass
@@ -83,6 +94,8 @@ class StepTimer:
     _next_timed: int = 0
     _timed: bool = False
     _step_tracking_s: float = 0.0
+    _events_s: float = 0.0  # the part of tracking_s spent on CUDA events (records, read-back)
+    _window: dict = field(default_factory=dict)  # steps since the interval was last chosen
     # Completed events are read back in batches: fewer driver calls on the training thread.
     resolve_every: int = 4
     tracking_s: float = 0.0
@@ -119,13 +132,33 @@ class StepTimer:
         later = self._calibration[CALIBRATION_STEPS // 2 :]
         step_s = statistics.median(t for t, _ in later)
         cost_s = statistics.median(c for _, c in later)
-        if step_s >= LONG_STEP_S:
-            self._every = 1
-        elif step_s > 0:
-            self._every = min(
-                MAX_GPU_EVERY, max(1, math.ceil(cost_s / (GPU_TIMING_BUDGET * step_s)))
-            )
+        self._every = self._interval(cost_s, step_s, self._every)
         self._next_timed = self._step  # sampling starts with this step
+        self._window = {"steps": 0, "timed": 0, "events_s": self._events_s}
+
+    @staticmethod
+    def _interval(events_s: float, step_s: float, current: int) -> int:
+        """Steps per GPU-timed step that keep ``events_s`` (the events' cost per timed step)
+        under :data:`GPU_TIMING_BUDGET` of a ``step_s`` step; 1 for long steps."""
+        if step_s >= LONG_STEP_S:
+            return 1
+        if step_s <= 0:
+            return current
+        return min(MAX_GPU_EVERY, max(1, math.ceil(events_s / (GPU_TIMING_BUDGET * step_s))))
+
+    def _recalibrate(self, timed: bool) -> None:
+        """Once a window of steps is over, chooses the interval again from what the events
+        cost per timed step in it (their lone starts and read-backs included)."""
+        w = self._window
+        w["steps"] += 1
+        w["timed"] += timed
+        if w["steps"] < max(RECALIBRATE_STEPS, 8 * self._every):
+            return
+        host_s = [r["step_time_s"] for r in self.rows[-w["steps"] :] if r["step_time_s"]]
+        if w["timed"] and host_s:
+            events_s = (self._events_s - w["events_s"]) / w["timed"]
+            self._every = self._interval(events_s, statistics.median(host_s), self._every)
+        self._window = {"steps": 0, "timed": 0, "events_s": self._events_s}
 
     def batch_ready(self) -> None:
         self._t_ready = time.perf_counter()
@@ -142,8 +175,11 @@ class StepTimer:
                 lone.record()
                 self._await_next.next_start, self._await_next.next_is_lone = lone, True
             self._await_next = None
-        self._step_tracking_s += time.perf_counter() - self._t_ready
-        self.tracking_s += time.perf_counter() - self._t_ready
+        spent = time.perf_counter() - self._t_ready
+        self._step_tracking_s += spent
+        self.tracking_s += spent
+        if self.cuda:
+            self._events_s += spent
 
     def _event(self):
         """A timing event, reused once read back: creating one is a driver call."""
@@ -157,6 +193,7 @@ class StepTimer:
         self._t_copied = time.perf_counter()
         if self.cuda and self._timed:
             self._events[1].record()
+            self._events_s += time.perf_counter() - self._t_copied
         self._step_tracking_s += time.perf_counter() - self._t_copied
         self.tracking_s += time.perf_counter() - self._t_copied
 
@@ -174,7 +211,9 @@ class StepTimer:
             "gpu_step_time_s": None,
         }
         if self.cuda and self._timed:
+            t_event = time.perf_counter()
             self._events[2].record()
+            self._events_s += time.perf_counter() - t_event
             pending = _Pending(len(self.rows), row, *self._events)
             self._pending.append(pending)
             self._await_next = pending
@@ -189,11 +228,15 @@ class StepTimer:
             len(self._pending) >= self.resolve_every
             or self._step - self._pending[0].index > self.resolve_every
         ):
+            t_resolve = time.perf_counter()
             self._resolve(block=False)
+            self._events_s += time.perf_counter() - t_resolve
         self._emit_complete()
         spent = time.perf_counter() - t_end
         self._step_tracking_s += spent
         self.tracking_s += spent
+        if self._window:  # sampling, with the interval chosen by calibration
+            self._recalibrate(self._timed)
 
     def tracking_us_per_step(self) -> float | None:
         """Mean host time (microseconds) this timer spent per step on the training thread;
