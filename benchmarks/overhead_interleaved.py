@@ -154,9 +154,11 @@ class InjectedLoader:
         loader = torch.utils.data.DataLoader(EndlessBatches(pool), batch_size=None)
         self.plain = iter(loader)
         os.environ[inject.INJECT_ENV] = "1"
-        if not inject.install():
+        if not inject._state["installed"] and not inject.install():
             raise RuntimeError(f"injection not installed: {inject._state['failed']}")
-        self.injected = iter(loader)
+        inject._state.update(tracker=None, steps=0, loader=None, pending_eval=False)
+        self.on()  # an earlier case's arm took the hook out at its end
+        self.injected = iter(loader)  # a new injected tracker for this arm
         if not isinstance(self.injected, inject._TimedLoaderIter):
             raise RuntimeError("the DataLoader's iterator was not injected")
 
