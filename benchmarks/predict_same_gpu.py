@@ -26,8 +26,11 @@ from pathlib import Path
 from predict_validation import load_records
 
 from gpulens.errors import UsageError
+from gpulens.predict.batch import scale_batch
+from gpulens.predict.catalog import find_gpu
 from gpulens.predict.features import run_facts
 from gpulens.predict.predictor import Target, predict_run
+from gpulens.predict.roofline import hardware, peak_column
 from gpulens.predict.validation import ape_pct
 
 # The batch sizes of benchmarks/predict_session.sh, on whose H100/H200 records the batch model
@@ -47,6 +50,12 @@ def _point(rec) -> dict | None:
     except UsageError:
         return None
     s = rec.meta["summary"]
+    profiled = f.trace is not None and f.trace_steps > 0
+    kernel_s = None  # the GPU's kernel time per step, from the profiler window
+    if profiled:
+        hw = hardware(find_gpu(f.gpu_name), peak_column(f.precision, f.workload))
+        kernel_s = scale_batch(f.trace, f.trace_steps, f.batch_size, f.batch_size, hw)
+        kernel_s = kernel_s.busy_s_per_step
     return {
         "record": rec,
         "run_id": f.run_id,
@@ -54,12 +63,11 @@ def _point(rec) -> dict | None:
         "key": (f.workload, f.precision, f.synthetic_data),
         "batch": f.batch_size,
         "gpus": f.gpus,
-        "profiled": f.trace is not None and f.trace_steps > 0,
+        "profiled": profiled,
         "tput": float(s["throughput_samples_per_s"]),
-        "gpu_busy": None,
         "step_s": f.step_s,
         "compute_s": f.compute_s,
-        "gpu_busy_s": f.gpu_busy_s,
+        "kernel_s": kernel_s,
         "host_issue_s": f.host_issue_s,
     }
 
@@ -94,6 +102,9 @@ def batch_cases(points: list[dict]) -> list[dict]:
                     "ape_pct": ape_pct(pred.throughput_samples_per_s, tgt["tput"]),
                     "naive_ape_pct": ape_pct(src["tput"], tgt["tput"]),
                     "source_host_issue_s": src["host_issue_s"],
+                    "target_kernel_share": _kernel_share(tgt),
+                    # the batch regime the prediction weighed its validated error on
+                    "regime": next((g for g in pred.regimes if g.startswith("batch_")), None),
                     "notes": list(pred.notes),
                 })  # fmt: skip
     return rows
@@ -101,18 +112,28 @@ def batch_cases(points: list[dict]) -> list[dict]:
 
 def probe_rows(points: list[dict]) -> list[dict]:
     """Each run's warm-up probe of the host's issue time beside its measured step: where the
-    GPU was not the bound (busy under 80%), the probe should be the step less its bookkeeping."""
+    GPU was not the bound (its kernels under 80% of the step), the probe should be the step
+    less its bookkeeping. (The GPU step time of the steps series is no measure of that: it runs
+    from one step's start on the GPU to the next, idle gaps included.)"""
     rows = []
     for p in points:
         if p["host_issue_s"] is None or p["gpus"] != 1:
             continue
-        busy = p["gpu_busy_s"] / p["step_s"] if p["gpu_busy_s"] else None
+        busy = p["kernel_s"] / p["step_s"] if p["kernel_s"] else None
         rows.append({
             "gpu": p["gpu"], "workload": p["key"][0], "batch": p["batch"], "run": p["run_id"],
-            "gpu_busy_share": busy, "step_s": p["step_s"], "compute_s": p["compute_s"],
+            "kernel_share_of_step": busy, "step_s": p["step_s"], "compute_s": p["compute_s"],
             "host_issue_s": p["host_issue_s"], "issue_over_step": p["host_issue_s"] / p["step_s"],
         })  # fmt: skip
     return rows
+
+
+def _kernel_share(point: dict) -> float | None:
+    """The run's kernel time over its step (None unprofiled): >= GPU_BOUND, the GPU set the pace."""
+    return point["kernel_s"] / point["step_s"] if point["kernel_s"] else None
+
+
+GPU_BOUND = 0.8
 
 
 def repeat_rows(points: list[dict]) -> list[dict]:
@@ -131,6 +152,7 @@ def repeat_rows(points: list[dict]) -> list[dict]:
                         "gpu": gpu, "workload": workload, "batch": a["batch"], "gpus": a["gpus"],
                         "from": a["run_id"], "to": b["run_id"],
                         "ape_pct": ape_pct(a["tput"], b["tput"]),
+                        "kernel_share": _kernel_share(b),
                     })  # fmt: skip
     return rows
 
@@ -230,6 +252,15 @@ def main() -> int:
                     "mape_pct": _mape(rs),
                     "naive_mape_pct": _mape(rs, "naive_ape_pct"),
                 }
+    # by the regime the predictor chose (what `predict` prints as its validated error)
+    for regime in sorted({r["regime"] for r in batch if r["regime"]}):
+        rs = [r for r in batch if r["regime"] == regime and r["set"] != "in_sample"]
+        if rs:
+            summary[f"regime_{regime}"] = {
+                "cases": len(rs),
+                "mape_pct": _mape(rs),
+                "naive_mape_pct": _mape(rs, "naive_ape_pct"),
+            }
     for lo, hi in ((1.9, 2.1), (3.9, 4.1), (7.9, 8.1)):
         rs = [r for r in batch if lo <= max(r["factor"], 1 / r["factor"]) <= hi]
         if rs:
@@ -260,11 +291,29 @@ def main() -> int:
     if repeats:  # the same configuration twice: the floor under every figure above
         figure = _mape(repeats)  # a repeat's "naive" prediction is itself
         summary["repeats"] = {"cases": len(repeats), "mape_pct": figure, "naive_mape_pct": figure}
+    # by what set the measured run's pace: the GPU (kernels >= GPU_BOUND of the step) or the host
+    bound = {
+        "gpu_bound": lambda share: share is not None and share >= GPU_BOUND,
+        "host_bound": lambda share: share is not None and share < GPU_BOUND,
+    }
+    for name, pick in bound.items():
+        rs = [r for r in repeats if pick(r["kernel_share"])]
+        if rs:
+            figure = _mape(rs)
+            summary[f"repeats_{name}"] = {"cases": len(rs), "mape_pct": figure,
+                                          "naive_mape_pct": figure}  # fmt: skip
+        for direction, sign in (("up", 1), ("down", -1)):
+            rs = [r for r in batch if pick(r["target_kernel_share"]) and r["set"] != "in_sample"
+                  and (r["factor"] - 1) * sign > 0]  # fmt: skip
+            if rs:
+                summary[f"batch_{direction}_{name}"] = {"cases": len(rs), "mape_pct": _mape(rs),
+                    "naive_mape_pct": _mape(rs, "naive_ape_pct")}  # fmt: skip
     if probes:
         print("\nhost issue probe (idle GPU) against the measured step")
         for r in probes:
-            busy = f"{r['gpu_busy_share']:.0%}" if r["gpu_busy_share"] is not None else "n/a"
-            print(f"  {r['workload']:<9} b{r['batch']:<4} GPU busy {busy:>4}  step "
+            share = r["kernel_share_of_step"]
+            busy = f"{share:.0%}" if share is not None else "n/a"
+            print(f"  {r['workload']:<9} b{r['batch']:<4} kernels {busy:>4} of the step  step "
                   f"{r['step_s'] * 1e3:7.2f} ms  probe {r['host_issue_s'] * 1e3:7.2f} ms  "
                   f"probe/step {r['issue_over_step']:.2f}")  # fmt: skip
     # smaller batches (out of sample) by whether the source run probed its host (since 1177ff4)

@@ -242,10 +242,12 @@ def test_the_validated_figures_are_the_committed_measurements():
     from gpulens.predict.validation import VALIDATED
 
     results = Path(__file__).parents[1] / "benchmarks" / "results"
-    doc = json.loads(next(results.glob("predict_same_gpu-six_ladders-*.json")).read_text())
+    doc = json.loads(next(results.glob("predict_same_gpu-nine_ladders-*.json")).read_text())
     pairs = {
-        "batch_up": "batch_up_out_of_sample",
-        "batch_down": "batch_down_unprobed",
+        "batch_up": "regime_batch_up",
+        "batch_up_host_bound": "regime_batch_up_host_bound",
+        "batch_down": "regime_batch_down",
+        "batch_down_probed": "regime_batch_down_probed",
         "workers": "workers",
         "multi_gpu_same_gpu": "gpus_1_to_2",
     }
@@ -254,9 +256,9 @@ def test_the_validated_figures_are_the_committed_measurements():
             doc["summary"][row]["mape_pct"], abs=0.05
         )
         assert VALIDATED[method].cases == doc["summary"][row]["cases"]
-    figure = doc["summary"]["batch_down_probed"]
-    assert VALIDATED["batch_down_probed"].mape_pct == pytest.approx(figure["mape_pct"], abs=0.05)
-    assert VALIDATED["batch_down_probed"].cases == figure["cases"]
+    # the floor the same-GPU figures stand on: two processes of one configuration
+    floor = doc["summary"]
+    assert floor["repeats_gpu_bound"]["mape_pct"] < 2 < floor["repeats_host_bound"]["mape_pct"]
 
 
 def test_a_larger_batch_prints_its_validated_error_and_a_smaller_one_its_own():
@@ -266,6 +268,40 @@ def test_a_larger_batch_prints_its_validated_error_and_a_smaller_one_its_own():
     down = predict_run(_run(256), Target(None, batch_size=128))
     assert up.validated_error_pct == VALIDATED["batch_up"].mape_pct
     assert down.validated_error_pct > 30  # the host's pace: said, not hidden
+
+
+def _host_bound(tmp_path: Path, batch_size: int, slower: float) -> object:
+    """The fixture run at ``batch_size`` with its host ``slower`` times slower: the step and
+    the GPU's step time grow, its kernels do not (the GPU waits for the host)."""
+    import shutil
+
+    import pandas as pd
+
+    dest = tmp_path / f"host_bound_{slower}"
+    shutil.copytree(_run(batch_size).dir, dest)
+    meta = json.loads((dest / "run.json").read_text())
+    summary = meta["summary"]
+    for phase in ("compute", "step"):
+        summary["phases_s"][phase] *= slower
+    summary["throughput_samples_per_s"] /= slower
+    (dest / "run.json").write_text(json.dumps(meta))
+    steps = pd.read_parquet(dest / "series" / "steps.parquet")
+    for col in ("compute_s", "step_time_s", "gpu_step_time_s"):
+        steps[col] = steps[col] * slower
+    steps.to_parquet(dest / "series" / "steps.parquet")
+    return read_record(dest)
+
+
+def test_a_larger_batch_says_whether_the_kernels_will_fill_the_step(tmp_path):
+    from gpulens.predict.validation import VALIDATED
+
+    gpu_bound = predict_run(_run(128), Target(None, batch_size=256))
+    assert gpu_bound.regimes == ("batch_up",)
+    # the same run with a host 4x slower: doubling the batch leaves the GPU waiting still
+    host_bound = predict_run(_host_bound(tmp_path, 128, 4.0), Target(None, batch_size=256))
+    assert host_bound.regimes == ("batch_up_host_bound",)
+    assert host_bound.validated_error_pct == VALIDATED["batch_up_host_bound"].mape_pct
+    assert any("the host set this run's pace" in n for n in host_bound.notes)
 
 
 def test_a_smaller_batch_from_a_probed_run_prints_the_probed_error(tmp_path):

@@ -99,8 +99,9 @@ def predict(
         table.add_row(f"  {name}", f"{value * 1e3:.2f} ms")
     out.print(table)
     err = prediction.validated_error_pct
+    where = f"; regime: {', '.join(prediction.regimes)}" if prediction.regimes else ""
     validated = (
-        f"±{err:.1f}% (mean abs. error where validated)"
+        f"±{err:.1f}% (mean abs. error where validated{where})"
         if err is not None
         else ("not validated on measured runs yet")
     )

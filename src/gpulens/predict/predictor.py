@@ -81,6 +81,8 @@ class Prediction:
     target_gpu: str = ""
     loader_bound: bool = False  # the source run waited for its loader: kept at that pace
     notes: tuple[str, ...] = field(default=())
+    # the validated regimes (gpulens.predict.validation) whose error was weighed
+    regimes: tuple[str, ...] = field(default=())
 
     def as_dict(self) -> dict[str, Any]:
         """The ``predict --json`` document."""
@@ -189,7 +191,8 @@ def _regression_ratio(
 
 
 def _batch_core(facts: RunFacts, core_s: float, batch: int, hw: roofline.Hardware):
-    """The GPU's time of a step at ``batch`` on the measured GPU, and a note."""
+    """The GPU's time of a step at ``batch`` on the measured GPU, a note, and whether the
+    kernels are predicted to fill the step there (at least HOST_BOUND_BUSY of it)."""
     if facts.trace is None or facts.trace_steps < 1:
         raise UsageError(
             f"run {facts.run_id} has no profiler window, which --batch-size reads: rerun it "
@@ -227,7 +230,7 @@ def _batch_core(facts: RunFacts, core_s: float, batch: int, hw: roofline.Hardwar
         # The host set the pace: its launches do not grow with the batch, the kernels do.
         new = max(core_s, bs.scaled_s_per_step)
         note += f"; the host set this run's pace ({busy:.0%} GPU busy), kept as a floor"
-    return new, note
+    return new, note, bs.scaled_s_per_step >= HOST_BOUND_BUSY * new
 
 
 def _loader_capacity(record, facts: RunFacts, loader_bound: bool) -> float | None:
@@ -321,9 +324,6 @@ def predict_run(record, target: Target, catalog: Path | None = None) -> Predicti
     regimes = ["loader_bound"] * loader_bound
     if target.total_gpus != facts.gpus:
         regimes.append("multi_gpu" if src_spec.gpu != tgt_spec.gpu else "multi_gpu_same_gpu")
-    if batch != facts.batch_size:
-        down = "batch_down_probed" if facts.host_issue_s is not None else "batch_down"
-        regimes.append("batch_up" if batch > facts.batch_size else down)
     regimes += ["workers"] * (workers != facts.workers)
     fit_error = None
     if src_spec.gpu == tgt_spec.gpu:
@@ -337,8 +337,12 @@ def predict_run(record, target: Target, catalog: Path | None = None) -> Predicti
             notes.append(f"the regression of `gpulens fit` did better on held-out runs "
                          f"({fit_error:.1f}%)")  # fmt: skip
     if batch != facts.batch_size:
-        core, note = _batch_core(facts, core, batch, src)
+        core, note, target_gpu_bound = _batch_core(facts, core, batch, src)
         notes.append(note)
+        if batch > facts.batch_size:
+            regimes.append("batch_up" if target_gpu_bound else "batch_up_host_bound")
+        else:
+            regimes.append("batch_down_probed" if facts.host_issue_s is not None else "batch_down")
     error = validation.error_pct(method, *regimes)
     if fit_error is not None:
         error = max(fit_error, error or 0.0)
@@ -388,4 +392,5 @@ def predict_run(record, target: Target, catalog: Path | None = None) -> Predicti
         target_gpu=tgt_spec.gpu,
         loader_bound=loader_bound,
         notes=tuple(notes),
+        regimes=tuple(r for r in regimes if r in validation.VALIDATED),
     )
