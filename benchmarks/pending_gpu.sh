@@ -32,10 +32,10 @@
 #   interleaved issue 19: each part of gpulens (step timer, timer without events, sampler, both,
 #             tracking API, injection into an unmodified script's DataLoader and optimizer) against
 #             the plain step, alternating every ~50 ms inside one loop, with a plain/plain
-#             control; r18 b1 and b8 (~7 min; H200 and H100). INTERLEAVED_ARMS picks arms. Session 17 at
-#             f7bee98: H100 full 0.994 (b1), 0.992 (b8); H200 full 0.971 and 0.969 (b1, half of
-#             it one ~200 ms stall), 0.991 (b8). Next: the same since 24d8ca2 (step rows written
-#             by a thread of their own), whose JSON lists each arm's stalls
+#             control; r18 b1 and b8 (~7 min; H200 and H100). INTERLEAVED_ARMS picks arms (the
+#             full_* arms take "full" apart). Session 18, pooled over four H200s with
+#             benchmarks/overhead_pooled.py: full 0.992 (b1), 0.993 (b8); per machine b1
+#             0.979-0.999. Next: a quiet H100 since 24d8ca2 (this session's two were noisy hosts)
 #   pin       issue 19: is the launch-bound noise the host's scheduling? r18 b8 and b1 whole-run
 #             pairs, unpinned, then the same pinned to 4 CPUs of distinct physical cores (~4 min)
 #
