@@ -304,6 +304,14 @@ def test_a_larger_batch_says_whether_the_kernels_will_fill_the_step(tmp_path):
     assert any("the host set this run's pace" in n for n in host_bound.notes)
 
 
+def test_more_gpus_for_a_run_whose_host_sets_the_pace_say_ddp_host_work_is_not_counted(tmp_path):
+    step_s = _run(256).meta["summary"]["phases_s"]["step"]
+    slow_host = predict_run(_with_host_probe(tmp_path, 256, 1.1 * step_s), Target(None, gpus=2))
+    assert any("DDP adds host work" in n for n in slow_host.notes)
+    quick_host = predict_run(_with_host_probe(tmp_path, 256, 0.5 * step_s), Target(None, gpus=2))
+    assert not any("DDP adds host work" in n for n in quick_host.notes)
+
+
 def test_a_smaller_batch_from_a_probed_run_prints_the_probed_error(tmp_path):
     from gpulens.predict.validation import VALIDATED
 

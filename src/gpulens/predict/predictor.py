@@ -364,6 +364,14 @@ def predict_run(record, target: Target, catalog: Path | None = None) -> Predicti
             f"all-reduce of {comm.gradient_bytes / 1e6:.0f} MB gradients, exposed share "
             f"{comm.exposed_fraction:.2f} ({source})"
         )
+        host_s = facts.host_issue_s
+        if target.total_gpus > facts.gpus and host_s is not None and host_s >= 0.9 * facts.step_s:
+            # vit_b_16 b64 on an H200 pair: probe 1.10x the step, 2 GPUs 18% slower than this
+            notes.append(
+                f"the host takes {host_s * 1e3:.2f} ms to issue a step (probed), as long as the "
+                "step: the host sets the pace, and DDP adds host work per step (gradient hooks, "
+                "buckets) that this model does not count: likely too fast"
+            )
     h2d = facts.h2d_s * batch / facts.batch_size
     busy = compute + comm_tgt + h2d
     data_wait = max(0.0, facts.data_wait_s + min(overhead, 0.0))
