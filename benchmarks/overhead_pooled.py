@@ -6,6 +6,11 @@ so one run cannot say what a user will meet. Here every run's pairs count alike:
 ratio is plain time over instrumented time over all pairs of all runs, and its 95% interval
 resamples pairs within each run (the runs stay as they are: each machine is kept).
 
+``median_pair_ratio`` is the median over all pairs of plain / instrumented chunk time, with the
+same resampling: the typical pair, robust to a noisy host's stalls, which hit both arms alike
+there. It also hides a stall that gpulens itself causes, so the steps over 3x the median are
+counted per arm (``stalls_plain``, ``stalls_instrumented``) beside it.
+
     python benchmarks/overhead_pooled.py results/overhead_interleaved-*.json [--out pooled.json]
 """
 
@@ -35,6 +40,10 @@ def load_runs(paths: list[Path]) -> dict[tuple[str, str, str], list[dict]]:
                     {
                         "file": path.name,
                         "ratio": r["ratio"],
+                        "stalls": (
+                            len(r.get("stalls_plain", [])),
+                            len(r.get("stalls_instrumented", [])),
+                        ),
                         "plain": np.asarray(r["pair_plain_step_ms"], dtype=float),
                         "instrumented": np.asarray(r["pair_instrumented_step_ms"], dtype=float),
                     }
@@ -50,16 +59,25 @@ def pool(runs: list[dict], seed: int = 0) -> dict:
     inst = sum(float(r["instrumented"].sum()) for r in runs)
     boot_plain = np.zeros(BOOTSTRAP)
     boot_inst = np.zeros(BOOTSTRAP)
-    for r in runs:
+    pair_ratios = [r["plain"] / r["instrumented"] for r in runs]
+    boot_pairs = []
+    for r, pr in zip(runs, pair_ratios, strict=True):
         picks = rng.integers(0, len(r["plain"]), size=(BOOTSTRAP, len(r["plain"])))
         boot_plain += r["plain"][picks].sum(axis=1)
         boot_inst += r["instrumented"][picks].sum(axis=1)
+        boot_pairs.append(pr[picks])
     lo, hi = np.quantile(boot_plain / boot_inst, [0.025, 0.975])
+    boot_median = np.median(np.concatenate(boot_pairs, axis=1), axis=1)
+    med_lo, med_hi = np.quantile(boot_median, [0.025, 0.975])
     return {
         "runs": len(runs),
         "pairs": int(sum(len(r["plain"]) for r in runs)),
         "ratio": round(plain / inst, 4),
         "ratio_ci95": [round(float(lo), 4), round(float(hi), 4)],
+        "median_pair_ratio": round(float(np.median(np.concatenate(pair_ratios))), 4),
+        "median_pair_ratio_ci95": [round(float(med_lo), 4), round(float(med_hi), 4)],
+        "stalls_plain": sum(r["stalls"][0] for r in runs),
+        "stalls_instrumented": sum(r["stalls"][1] for r in runs),
         "run_ratios": [r["ratio"] for r in runs],
         "files": [r["file"] for r in runs],
     }
@@ -85,14 +103,17 @@ def main() -> int:
         }
         args.out.write_text(json.dumps(doc, indent=2) + "\n")
     print(
-        f"{'gpu | case | arm':<44} {'runs':>4} {'pairs':>6} {'ratio':>7} {'95% interval':>17}  runs"
+        f"{'gpu | case | arm':<44} {'runs':>4} {'pairs':>6} {'ratio':>7} {'95% interval':>17} "
+        f"{'median':>7} {'95% interval':>17} {'stalls':>7}  runs"
     )
     for key, p in pooled.items():
         lo, hi = p["ratio_ci95"]
+        mlo, mhi = p["median_pair_ratio_ci95"]
         each = " ".join(f"{x:.3f}" for x in p["run_ratios"])
         print(
             f"{key:<44} {p['runs']:>4} {p['pairs']:>6} {p['ratio']:7.4f} "
-            f"[{lo:.4f}, {hi:.4f}]  {each}"
+            f"[{lo:.4f}, {hi:.4f}] {p['median_pair_ratio']:7.4f} [{mlo:.4f}, {mhi:.4f}] "
+            f"{p['stalls_plain']:>3}/{p['stalls_instrumented']:<3}  {each}"
         )
     return 0
 

@@ -56,4 +56,8 @@ def test_a_committed_pooled_table_matches_its_inputs():
     for key, row in doc["pooled"].items():
         gpu, case, arm = key.split(" | ")
         runs = pooled.load_runs([RESULTS / f for f in row["files"]])[(gpu, case, arm)]
-        assert pooled.pool(runs)["ratio"] == row["ratio"]
+        again = pooled.pool(runs)
+        assert again["ratio"] == row["ratio"]
+        assert again["median_pair_ratio"] == row["median_pair_ratio"]
+        lo, hi = row["median_pair_ratio_ci95"]
+        assert lo <= row["median_pair_ratio"] <= hi
