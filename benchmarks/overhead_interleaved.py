@@ -95,6 +95,7 @@ BOOTSTRAP = 2000
 # (on a CPU, 10 pairs of plain/plain read 1.03 with it kept).
 WARM_PAIRS = 2
 STALL_X = 3.0
+SETTLE_STEPS = 40  # instrumented steps before measuring: the timer calibrates as in a run
 
 
 def probe_specs(kinds: tuple[str, ...] = ("gpu", "host")) -> list:
@@ -251,7 +252,7 @@ def interleave(
             plain_step(model, opt, *plain_batch(i))
 
     if timer is not None or injected is not None:  # calibrated as in a run, before measuring
-        for i in range(40):
+        for i in range(SETTLE_STEPS):
             instrumented_step(i)
     time.sleep(0.3)  # the sampler past its first samples
     sync()
@@ -280,7 +281,7 @@ def interleave(
     sync()
     result: dict[str, Any] = {"chunk_steps": chunk, "pairs": pairs}
     if injected is not None:
-        injected_steps = 40 + (pairs + WARM_PAIRS) * chunk
+        injected_steps = SETTLE_STEPS + (pairs + WARM_PAIRS) * chunk
         result["steps_instrumented"] = injected_steps  # the tracker's count must match it
     if timer is not None:
         timer.finish()

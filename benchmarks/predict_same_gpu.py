@@ -26,11 +26,9 @@ from pathlib import Path
 from predict_validation import load_records
 
 from gpulens.errors import UsageError
-from gpulens.predict.batch import scale_batch
-from gpulens.predict.catalog import find_gpu
 from gpulens.predict.features import run_facts
-from gpulens.predict.predictor import Target, predict_run
-from gpulens.predict.roofline import hardware, peak_column
+from gpulens.predict.predictor import HOST_BOUND_BUSY, Target, predict_run
+from gpulens.predict.trace import load_trace
 from gpulens.predict.validation import ape_pct
 
 # The batch sizes of benchmarks/predict_session.sh, on whose H100/H200 records the batch model
@@ -53,9 +51,8 @@ def _point(rec) -> dict | None:
     profiled = f.trace is not None and f.trace_steps > 0
     kernel_s = None  # the GPU's kernel time per step, from the profiler window
     if profiled:
-        hw = hardware(find_gpu(f.gpu_name), peak_column(f.precision, f.workload))
-        kernel_s = scale_batch(f.trace, f.trace_steps, f.batch_size, f.batch_size, hw)
-        kernel_s = kernel_s.busy_s_per_step
+        _, device = load_trace(f.trace)
+        kernel_s = sum(float(e["dur"]) for e in device) * 1e-6 / f.trace_steps
     return {
         "record": rec,
         "run_id": f.run_id,
@@ -129,11 +126,9 @@ def probe_rows(points: list[dict]) -> list[dict]:
 
 
 def _kernel_share(point: dict) -> float | None:
-    """The run's kernel time over its step (None unprofiled): >= GPU_BOUND, the GPU set the pace."""
+    """The run's kernel time over its step (None unprofiled): at least the predictor's
+    HOST_BOUND_BUSY, the GPU set the pace."""
     return point["kernel_s"] / point["step_s"] if point["kernel_s"] else None
-
-
-GPU_BOUND = 0.8
 
 
 def repeat_rows(points: list[dict]) -> list[dict]:
@@ -291,10 +286,11 @@ def main() -> int:
     if repeats:  # the same configuration twice: the floor under every figure above
         figure = _mape(repeats)  # a repeat's "naive" prediction is itself
         summary["repeats"] = {"cases": len(repeats), "mape_pct": figure, "naive_mape_pct": figure}
-    # by what set the measured run's pace: the GPU (kernels >= GPU_BOUND of the step) or the host
+    # by what set the measured run's pace: the GPU (kernels >= HOST_BOUND_BUSY of the step)
+    # or the host
     bound = {
-        "gpu_bound": lambda share: share is not None and share >= GPU_BOUND,
-        "host_bound": lambda share: share is not None and share < GPU_BOUND,
+        "gpu_bound": lambda share: share is not None and share >= HOST_BOUND_BUSY,
+        "host_bound": lambda share: share is not None and share < HOST_BOUND_BUSY,
     }
     for name, pick in bound.items():
         rs = [r for r in repeats if pick(r["kernel_share"])]
