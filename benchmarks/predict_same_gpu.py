@@ -26,8 +26,9 @@ from pathlib import Path
 from predict_validation import load_records
 
 from gpulens.errors import UsageError
+from gpulens.predict.batch import launch_gaps_s
 from gpulens.predict.features import run_facts
-from gpulens.predict.predictor import HOST_BOUND_BUSY, Target, predict_run
+from gpulens.predict.predictor import GPU_BOUND_FILL, Target, predict_run
 from gpulens.predict.trace import load_trace
 from gpulens.predict.validation import ape_pct
 
@@ -49,10 +50,11 @@ def _point(rec) -> dict | None:
         return None
     s = rec.meta["summary"]
     profiled = f.trace is not None and f.trace_steps > 0
-    kernel_s = None  # the GPU's kernel time per step, from the profiler window
+    kernel_s = gap_s = None  # the GPU's kernel time and queued gaps per step (profiler window)
     if profiled:
         _, device = load_trace(f.trace)
         kernel_s = sum(float(e["dur"]) for e in device) * 1e-6 / f.trace_steps
+        gap_s = launch_gaps_s(device) / f.trace_steps
     return {
         "record": rec,
         "run_id": f.run_id,
@@ -65,6 +67,7 @@ def _point(rec) -> dict | None:
         "step_s": f.step_s,
         "compute_s": f.compute_s,
         "kernel_s": kernel_s,
+        "gap_s": gap_s,
         "host_issue_s": f.host_issue_s,
     }
 
@@ -100,6 +103,7 @@ def batch_cases(points: list[dict]) -> list[dict]:
                     "naive_ape_pct": ape_pct(src["tput"], tgt["tput"]),
                     "source_host_issue_s": src["host_issue_s"],
                     "target_kernel_share": _kernel_share(tgt),
+                    "target_gpu_fill": _gpu_fill(tgt),
                     # the batch regime the prediction weighed its validated error on
                     "regime": next((g for g in pred.regimes if g.startswith("batch_")), None),
                     "notes": list(pred.notes),
@@ -126,9 +130,16 @@ def probe_rows(points: list[dict]) -> list[dict]:
 
 
 def _kernel_share(point: dict) -> float | None:
-    """The run's kernel time over its step (None unprofiled): at least the predictor's
-    HOST_BOUND_BUSY, the GPU set the pace."""
+    """The run's kernel time over its step (None unprofiled)."""
     return point["kernel_s"] / point["step_s"] if point["kernel_s"] else None
+
+
+def _gpu_fill(point: dict) -> float | None:
+    """The run's kernels and their queued gaps over its step (None unprofiled): at least the
+    predictor's GPU_BOUND_FILL, the GPU set the pace."""
+    if not point["kernel_s"]:
+        return None
+    return (point["kernel_s"] + point["gap_s"]) / point["step_s"]
 
 
 def repeat_rows(points: list[dict]) -> list[dict]:
@@ -148,6 +159,7 @@ def repeat_rows(points: list[dict]) -> list[dict]:
                         "from": a["run_id"], "to": b["run_id"],
                         "ape_pct": ape_pct(a["tput"], b["tput"]),
                         "kernel_share": _kernel_share(b),
+                        "gpu_fill": _gpu_fill(b),
                     })  # fmt: skip
     return rows
 
@@ -286,20 +298,20 @@ def main() -> int:
     if repeats:  # the same configuration twice: the floor under every figure above
         figure = _mape(repeats)  # a repeat's "naive" prediction is itself
         summary["repeats"] = {"cases": len(repeats), "mape_pct": figure, "naive_mape_pct": figure}
-    # by what set the measured run's pace: the GPU (kernels >= HOST_BOUND_BUSY of the step)
-    # or the host
+    # by what set the measured run's pace: the GPU (kernels and their gaps >= GPU_BOUND_FILL
+    # of the step) or the host
     bound = {
-        "gpu_bound": lambda share: share is not None and share >= HOST_BOUND_BUSY,
-        "host_bound": lambda share: share is not None and share < HOST_BOUND_BUSY,
+        "gpu_bound": lambda fill: fill is not None and fill >= GPU_BOUND_FILL,
+        "host_bound": lambda fill: fill is not None and fill < GPU_BOUND_FILL,
     }
     for name, pick in bound.items():
-        rs = [r for r in repeats if pick(r["kernel_share"])]
+        rs = [r for r in repeats if pick(r["gpu_fill"])]
         if rs:
             figure = _mape(rs)
             summary[f"repeats_{name}"] = {"cases": len(rs), "mape_pct": figure,
                                           "naive_mape_pct": figure}  # fmt: skip
         for direction, sign in (("up", 1), ("down", -1)):
-            rs = [r for r in batch if pick(r["target_kernel_share"]) and r["set"] != "in_sample"
+            rs = [r for r in batch if pick(r["target_gpu_fill"]) and r["set"] != "in_sample"
                   and (r["factor"] - 1) * sign > 0]  # fmt: skip
             if rs:
                 summary[f"batch_{direction}_{name}"] = {"cases": len(rs), "mape_pct": _mape(rs),

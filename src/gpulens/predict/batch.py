@@ -10,11 +10,16 @@ latency and keep their time). Weights keep their size (a convolution's weight, a
 dimensions match no batch size, tensor lists such as the optimizer's), so a weight-gradient
 product that reads a large weight grows by less than the batch, and the optimizer not at all.
 Kernels whose op recorded no shapes keep their time.
+
+Between two kernels queued back to back the GPU idles about a microsecond; those gaps, one per
+kernel, do not change with the batch either (``launch_gaps_s``). Kernels plus gaps are what a
+step takes when the GPU sets its pace; a step longer than that was paced by the host.
 """
 
 from __future__ import annotations
 
 import logging
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +40,10 @@ LAUNCH_FLOOR_S = 3e-6
 # (benchmarks/batch_kernel_errors.py, the 3-D rule above in place): growing the batch 9.7 -> 5.6%
 # off, shrinking it 4.7 -> 4.7%.
 LATENCY_BOUND_IDEAL_S = 3e-6
+# Gaps between consecutive kernels of one stream this short are the GPU moving to the next
+# queued kernel; longer ones are waits for the host. The median of the short ones was 1.0-1.5 us
+# on every ladder run (H100 and H200, 2026-11-26).
+QUEUED_GAP_MAX_S = 4e-6
 
 
 @dataclass(frozen=True)
@@ -47,6 +56,7 @@ class BatchScaling:
     busy_s_per_step: float
     scaled_s_per_step: float
     unknown_share: float  # of the busy time: kernels whose op recorded no shapes (kept)
+    gap_s_per_step: float = 0.0  # the GPU's idle time between back-to-back kernels (kept)
 
     @property
     def ratio(self) -> float:
@@ -115,8 +125,26 @@ def scale_batch(
               scaled / busy if busy else 1.0)  # fmt: skip
     return BatchScaling(
         batch_size, new_batch, len(device), busy / steps, scaled / steps,
-        unknown / busy if busy else 0.0,
+        unknown / busy if busy else 0.0, launch_gaps_s(device) / steps,
     )  # fmt: skip
+
+
+def launch_gaps_s(device: list[dict]) -> float:
+    """The GPU's idle time between kernels it had queued, over the window: one median short
+    gap (under QUEUED_GAP_MAX_S) per kernel, so that the host's slowness under the profiler,
+    which widens the other gaps, does not count."""
+    by_stream: dict[object, list[tuple[float, float]]] = {}
+    for e in device:
+        stream = (e.get("args") or {}).get("stream")
+        by_stream.setdefault(stream, []).append((float(e["ts"]), float(e["dur"])))
+    short = []
+    for events in by_stream.values():
+        events.sort()
+        for (ts0, dur0), (ts1, _) in zip(events, events[1:], strict=False):
+            gap_us = ts1 - ts0 - dur0
+            if 0.0 <= gap_us < QUEUED_GAP_MAX_S * 1e6:
+                short.append(gap_us)
+    return statistics.median(short) * 1e-6 * len(device) if short else 0.0
 
 
 def scaled_kernel_s(kernel_s: float, ratio: float) -> float:

@@ -131,6 +131,11 @@ def _pairs_in(root: str, stamp: int, key: tuple) -> tuple[tuple[str, float, str,
 
 # Below this share of kernel time in the step, the host's speed matters as much as the GPU's.
 HOST_BOUND_BUSY = 0.8
+# A run whose kernels and the gaps between them (batch.launch_gaps_s) fill at least this share
+# of its step had its pace set by the GPU; on the ladders, such runs fill 0.94-1.02 of it and
+# host-paced ones 0.2-0.9 (2026-11-26). `--batch-size` keeps a GPU-paced run's step beyond its
+# kernels and takes a host-paced run's step as the floor.
+GPU_BOUND_FILL = 0.95
 
 
 def _gpu_ratio(
@@ -191,22 +196,23 @@ def _regression_ratio(
 
 
 def _batch_core(facts: RunFacts, core_s: float, batch: int, hw: roofline.Hardware):
-    """The GPU's time of a step at ``batch`` on the measured GPU, a note, and whether the
-    kernels are predicted to fill the step there (at least HOST_BOUND_BUSY of it)."""
+    """The GPU's time of a step at ``batch`` on the measured GPU, a note, and whether the GPU
+    is predicted to set the pace there (its kernels and their gaps fill the step)."""
     if facts.trace is None or facts.trace_steps < 1:
         raise UsageError(
             f"run {facts.run_id} has no profiler window, which --batch-size reads: rerun it "
             "with `gpulens run WORKLOAD --torch-profiler 5`"
         )
     bs = batch_model.scale_batch(facts.trace, facts.trace_steps, facts.batch_size, batch, hw)
-    busy = min(1.0, bs.busy_s_per_step / core_s)
+    fill = min(1.0, (bs.busy_s_per_step + bs.gap_s_per_step) / core_s)
     note = (
         f"batch {facts.batch_size} -> {batch}: kernels {bs.busy_s_per_step * 1e3:.2f} -> "
         f"{bs.scaled_s_per_step * 1e3:.2f} ms per step"
     )
     if bs.unknown_share > 0.05:
         note += f" ({bs.unknown_share:.0%} of it from ops without shapes, kept)"
-    if busy >= HOST_BOUND_BUSY:
+    if fill >= GPU_BOUND_FILL:
+        # the GPU set the pace: what the step holds beyond kernels (their gaps) stays
         new = core_s + bs.scaled_s_per_step - bs.busy_s_per_step
         if batch < facts.batch_size:
             if facts.host_issue_s is not None:
@@ -217,7 +223,7 @@ def _batch_core(facts: RunFacts, core_s: float, batch: int, hw: roofline.Hardwar
                         f"; the host takes {facts.host_issue_s * 1e3:.2f} ms to issue a step "
                         "(probed after the measured steps): it sets the pace, as a floor"
                     )
-                new = max(new, facts.host_issue_s)
+                    return facts.host_issue_s, note, False
             else:
                 # The profiler window cannot show the host's own time per step: under the
                 # profiler the host runs 1.3-2.5x slower (H100 ladder, 2026-11-26).
@@ -226,11 +232,14 @@ def _batch_core(facts: RunFacts, core_s: float, batch: int, hw: roofline.Hardwar
                     "per step this run did not probe (a run recorded by a newer gpulens "
                     "does): this prediction is then too fast"
                 )
-    else:
-        # The host set the pace: its launches do not grow with the batch, the kernels do.
-        new = max(core_s, bs.scaled_s_per_step)
-        note += f"; the host set this run's pace ({busy:.0%} GPU busy), kept as a floor"
-    return new, note, bs.scaled_s_per_step >= HOST_BOUND_BUSY * new
+        return new, note, True
+    # The host set the pace (its launches do not grow with the batch): the GPU takes over once
+    # its kernels, with a gap after each, outlast the host's step.
+    gpu_s = bs.scaled_s_per_step + bs.gap_s_per_step
+    note += (
+        f"; the host set this run's pace (kernels and their gaps fill {fill:.0%}), kept as a floor"
+    )
+    return max(core_s, gpu_s), note, gpu_s >= core_s
 
 
 def _loader_capacity(record, facts: RunFacts, loader_bound: bool) -> float | None:
