@@ -153,6 +153,11 @@ def scaled_kernel_s(kernel_s: float, ratio: float) -> float:
     return floor + (kernel_s - floor) * ratio
 
 
+def _at_most_linear(before: float, after: float, factor: float) -> float:
+    """``after`` kept within the linear change ``before * factor`` (from ``before``'s side)."""
+    return min(after, before * factor) if factor >= 1 else max(after, before * factor)
+
+
 def op_ratio(op: dict | None, sizes: set[int], factor: float, hw: Hardware) -> float | None:
     """An op's ideal time at the new batch over the measured one; None without shapes."""
     if op is None:
@@ -166,5 +171,11 @@ def op_ratio(op: dict | None, sizes: set[int], factor: float, hw: Hardware) -> f
     ideal0 = hw.ideal_s(flops0, bytes0)
     if ideal0 <= 0:
         return 1.0
-    ideal1 = hw.ideal_s(flops1 or 0.0, bytes1 or 0.0)
+    # A training op's work per sample does not depend on the batch, so it grows at most as the
+    # batch does. Where a weight's dimension equals a batch size (gpt2 at batch 3: 3 x 1024
+    # tokens = its MLP's 3072), both operands of a product are rescaled and the FLOPs grow as
+    # the factor squared; this keeps them to the factor.
+    flops1 = _at_most_linear(flops0, flops1 or 0.0, factor)
+    bytes1 = _at_most_linear(bytes0, bytes1 or 0.0, factor)
+    ideal1 = hw.ideal_s(flops1, bytes1)
     return max(ideal1, LATENCY_BOUND_IDEAL_S) / max(ideal0, LATENCY_BOUND_IDEAL_S)
