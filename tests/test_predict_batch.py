@@ -242,7 +242,7 @@ def test_the_validated_figures_are_the_committed_measurements():
     from gpulens.predict.validation import VALIDATED
 
     results = Path(__file__).parents[1] / "benchmarks" / "results"
-    doc = json.loads(next(results.glob("predict_same_gpu-nine_ladders-*.json")).read_text())
+    doc = json.loads(next(results.glob("predict_same_gpu-eleven_ladders-*.json")).read_text())
     pairs = {
         "batch_up": "regime_batch_up",
         "batch_up_host_bound": "regime_batch_up_host_bound",
@@ -304,12 +304,25 @@ def test_a_larger_batch_says_whether_the_kernels_will_fill_the_step(tmp_path):
     assert any("the host set this run's pace" in n for n in host_bound.notes)
 
 
-def test_more_gpus_for_a_run_whose_host_sets_the_pace_say_ddp_host_work_is_not_counted(tmp_path):
+def test_more_gpus_for_a_run_whose_host_sets_the_pace_are_held_to_the_host_and_ddp(tmp_path):
+    from gpulens.predict.predictor import DDP_HOST_ISSUE_S
+
     step_s = _run(256).meta["summary"]["phases_s"]["step"]
-    slow_host = predict_run(_with_host_probe(tmp_path, 256, 1.1 * step_s), Target(None, gpus=2))
-    assert any("DDP adds host work" in n for n in slow_host.notes)
-    quick_host = predict_run(_with_host_probe(tmp_path, 256, 0.5 * step_s), Target(None, gpus=2))
-    assert not any("DDP adds host work" in n for n in quick_host.notes)
+    probe_s = 1.1 * step_s
+    slow_run = _with_host_probe(tmp_path, 256, probe_s)
+    slow_host = predict_run(slow_run, Target(None, gpus=2))
+    assert any("DDP adds about" in n for n in slow_host.notes)
+    # the step is the host's issue time plus DDP's, with the data phases on top
+    assert slow_host.step_time_s >= probe_s + DDP_HOST_ISSUE_S
+    assert slow_host.components_s["compute"] + slow_host.components_s["communication"] == (
+        pytest.approx(probe_s + DDP_HOST_ISSUE_S)
+    )
+    quick_host = predict_run(_with_host_probe(tmp_path, 256, 0.1 * step_s), Target(None, gpus=2))
+    assert not any("DDP adds about" in n for n in quick_host.notes)
+    assert quick_host.step_time_s < slow_host.step_time_s
+    # on another GPU the host is another machine's: named, not applied
+    other = predict_run(slow_run, Target("H100", gpus=2))  # the fixture ran on an H200
+    assert any("may set the pace" in n for n in other.notes), other.notes
 
 
 def test_a_smaller_batch_from_a_probed_run_prints_the_probed_error(tmp_path):

@@ -136,6 +136,11 @@ HOST_BOUND_BUSY = 0.8
 # host-paced ones 0.2-0.9 (2026-11-26). `--batch-size` keeps a GPU-paced run's step beyond its
 # kernels and takes a host-paced run's step as the floor.
 GPU_BOUND_FILL = 0.95
+# The host time DDP adds to issuing one step (its hooks, buckets and collectives): 3.0, 4.1,
+# 5.5 and 6.9 ms for vgg16 b64, resnet18 b256, vit_b_16 b64 and resnet50 b128 on a plain loop
+# (benchmarks/ddp_overhead.sh, an H200 pair, 2026-11-26); the median. Where the host's probed
+# issue time plus this outlasts the GPU's step, the host sets a DDP step's pace.
+DDP_HOST_ISSUE_S = 4.8e-3
 
 
 def _gpu_ratio(
@@ -311,6 +316,28 @@ def _loader_wait(
     return data_wait_s, [], False
 
 
+def _ddp_host_floor(
+    facts: RunFacts, target: Target, compute_s: float, comm_s: float, same_machine: bool
+) -> tuple[float, list[str]]:
+    """The compute time of a 1-GPU run's step as N-GPU DDP on its machine, at least the host's
+    probed issue time plus DDP's own host work per step; a note where that floor binds."""
+    host_s = facts.host_issue_s
+    if target.total_gpus <= facts.gpus or facts.gpus != 1 or host_s is None:
+        return compute_s, []
+    floor_s = host_s + DDP_HOST_ISSUE_S
+    if floor_s <= compute_s + comm_s:
+        return compute_s, []
+    if not same_machine:  # another machine's host: its speed is not known
+        return compute_s, [
+            f"this host takes {host_s * 1e3:.2f} ms to issue a step (probed) and DDP adds "
+            f"about {DDP_HOST_ISSUE_S * 1e3:.1f} ms: the target's host may set the pace"
+        ]
+    return floor_s - comm_s, [
+        f"the host takes {host_s * 1e3:.2f} ms to issue a step (probed) and DDP adds about "
+        f"{DDP_HOST_ISSUE_S * 1e3:.1f} ms to it: the host sets the pace"
+    ]
+
+
 def predict_run(record, target: Target, catalog: Path | None = None) -> Prediction:
     """Predict ``record`` (a RunRecord of a training run on a GPU) on ``target``."""
     facts = run_facts(record)
@@ -335,7 +362,8 @@ def predict_run(record, target: Target, catalog: Path | None = None) -> Predicti
         regimes.append("multi_gpu" if src_spec.gpu != tgt_spec.gpu else "multi_gpu_same_gpu")
     regimes += ["workers"] * (workers != facts.workers)
     fit_error = None
-    if src_spec.gpu == tgt_spec.gpu:
+    same_machine = src_spec.gpu == tgt_spec.gpu
+    if same_machine:
         ratio, method = 1.0, "same_gpu"
     else:
         ratio, method, notes, host_bound = _gpu_ratio(facts, core, src, tgt)
@@ -373,14 +401,8 @@ def predict_run(record, target: Target, catalog: Path | None = None) -> Predicti
             f"all-reduce of {comm.gradient_bytes / 1e6:.0f} MB gradients, exposed share "
             f"{comm.exposed_fraction:.2f} ({source})"
         )
-        host_s = facts.host_issue_s
-        if target.total_gpus > facts.gpus and host_s is not None and host_s >= 0.9 * facts.step_s:
-            # vit_b_16 b64 on an H200 pair: probe 1.10x the step, 2 GPUs 18% slower than this
-            notes.append(
-                f"the host takes {host_s * 1e3:.2f} ms to issue a step (probed), as long as the "
-                "step: the host sets the pace, and DDP adds host work per step (gradient hooks, "
-                "buckets) that this model does not count: likely too fast"
-            )
+        compute, ddp_note = _ddp_host_floor(facts, target, compute, comm_tgt, same_machine)
+        notes += ddp_note
     h2d = facts.h2d_s * batch / facts.batch_size
     busy = compute + comm_tgt + h2d
     data_wait = max(0.0, facts.data_wait_s + min(overhead, 0.0))
