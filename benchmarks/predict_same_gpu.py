@@ -62,6 +62,7 @@ def _point(rec) -> dict | None:
         "key": (f.workload, f.precision, f.synthetic_data),
         "batch": f.batch_size,
         "gpus": f.gpus,
+        "workers": f.workers,
         "profiled": profiled,
         "tput": float(s["throughput_samples_per_s"]),
         "step_s": f.step_s,
@@ -148,7 +149,8 @@ def repeat_rows(points: list[dict]) -> list[dict]:
     under any prediction's error there."""
     groups = defaultdict(list)
     for p in points:
-        groups[(p["gpu"], *p["key"], p["batch"], p["gpus"], p["origin"])].append(p)
+        key = (p["gpu"], *p["key"], p["batch"], p["gpus"], p["workers"], p["origin"])
+        groups[key].append(p)
     rows = []
     for (gpu, workload, *_), ps in groups.items():
         for a in ps:
@@ -185,6 +187,35 @@ def gpus_cases(points: list[dict]) -> list[dict]:
                 "ape_pct": ape_pct(pred.throughput_samples_per_s, two["tput"]),
                 "naive_ape_pct": ape_pct(2 * one["tput"], two["tput"]),
             })  # fmt: skip
+    return rows
+
+
+def worker_record_cases(points: list[dict]) -> list[dict]:
+    """Loader workers through the predictor: each run of a job with a loader predicting the
+    job's runs at other worker counts on its machine (`benchmarks/workers_ladder.sh`) with
+    `predict --workers`."""
+    groups = defaultdict(list)
+    for p in points:
+        if p["gpus"] == 1 and p["workers"] > 0:
+            groups[(p["gpu"], *p["key"], p["batch"], p["origin"])].append(p)
+    rows = []
+    for (gpu, workload, *_), ps in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        for src in ps:
+            for tgt in ps:
+                if tgt["workers"] == src["workers"]:
+                    continue
+                pred = predict_run(src["record"], Target(None, workers=tgt["workers"]))
+                rows.append({
+                    "gpu": gpu, "workload": workload, "batch_size": src["batch"],
+                    "from_workers": src["workers"], "to_workers": tgt["workers"],
+                    "from": src["run_id"], "to": tgt["run_id"],
+                    "predicted_samples_per_s": pred.throughput_samples_per_s,
+                    "measured_samples_per_s": tgt["tput"],
+                    "ape_pct": ape_pct(pred.throughput_samples_per_s, tgt["tput"]),
+                    "naive_ape_pct": ape_pct(src["tput"], tgt["tput"]),
+                    "validated_error_pct": pred.validated_error_pct,
+                    "notes": list(pred.notes),
+                })  # fmt: skip
     return rows
 
 
@@ -232,6 +263,7 @@ def main() -> int:
             p["origin"] = Path(p["record"].dir).resolve().relative_to(Path(tmp).resolve()).parts[0]
         batch = batch_cases(points)
         gpus = gpus_cases(points)
+        worker_runs = worker_record_cases(points)
         probes = probe_rows(points)
         repeats = repeat_rows(points)
     print(f"{'gpu':<6} {'workload':<9} {'batch':>11} {'set':<9} {'pred':>8} {'meas':>8} "
@@ -286,6 +318,17 @@ def main() -> int:
                   f"(x2: {r['naive_ape_pct']:4.1f}%)")  # fmt: skip
         summary["gpus_1_to_2"] = {"cases": len(gpus), "mape_pct": _mape(gpus),
                                   "naive_mape_pct": _mape(gpus, "naive_ape_pct")}  # fmt: skip
+    if worker_runs:
+        print("\nloader workers (predict --workers, same GPU)")
+        for r in worker_runs:
+            print(f"  {r['workload']:<9} b{r['batch_size']:<4} w{r['from_workers']}->"
+                  f"w{r['to_workers']:<3} predicted {r['predicted_samples_per_s']:8.0f} measured "
+                  f"{r['measured_samples_per_s']:8.0f}  err {r['ape_pct']:5.1f}%")  # fmt: skip
+        summary["workers_predicted"] = {
+            "cases": len(worker_runs),
+            "mape_pct": _mape(worker_runs),
+            "naive_mape_pct": _mape(worker_runs, "naive_ape_pct"),
+        }
     workers = workers_cases(args.workers_json) if args.workers_json else []
     if workers:
         steady = [r for r in workers if r["ci95_pct"] <= 10.0]
@@ -349,6 +392,7 @@ def main() -> int:
             "summary": summary,
             "batch_cases": batch,
             "gpus_cases": gpus,
+            "worker_run_cases": worker_runs,
             "workers_cases": workers,
             "host_issue_probes": probes,
             "repeat_cases": repeats,

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Issue 17, same-GPU predictions across loader workers: each job with its JPEG loader at
+# several worker counts (`gpulens run JOB --data DIR --workers W --prep-timing`), bundled for
+# predict_same_gpu.py, which predicts every run from every other of its job with
+# `gpulens predict RUN --workers W` (the predictor itself, not a rule beside it).
+#   OUT=$OUT bash benchmarks/workers_ladder.sh             # one GPU, ~8 min
+#   WORKERS_CASES="resnet50:1,2,4,8" DURATION_S=20 REPEATS=2 ...
+set -uo pipefail
+export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 GPULENS_HOME=${GPULENS_HOME:-/tmp/gpulens-workers}
+OUT=${OUT:-benchmarks/results}
+mkdir -p "$OUT" "$GPULENS_HOME"
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr ' ' '_')
+commit=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+day=$(date +%F)
+images=${IMAGES_DIR:-/tmp/workers-ladder-images}
+[ -d "$images" ] || python3 -m gpulens.cli data make images --out "$images" --n "${IMAGES:-10000}" \
+  --json > /dev/null || { echo "could not make the images" >&2; exit 1; }
+start_s=$(date +%s)
+for case in ${WORKERS_CASES:-resnet50:1,2,4,8 mobilenet_v3_small:1,2,4,8}; do
+  job=${case%%:*}
+  IFS=, read -r -a counts <<< "${case##*:}"
+  for r in $(seq 1 "${REPEATS:-1}"); do
+    for w in "${counts[@]}"; do
+      name="workers-$job-w$w-r$r"
+      if (( $(date +%s) - start_s > ${BUDGET_S:-420} )); then echo "$name skipped: budget" >&2; continue; fi
+      timeout 150 python3 -m gpulens.cli run "$job" --data "$images" --workers "$w" --prep-timing \
+        --precision bf16 --duration "${DURATION_S:-15}" --no-store --name "$name" --json \
+        > "$GPULENS_HOME/$name.json" 2> "$GPULENS_HOME/$name.log" \
+        || echo "$name failed: $(tail -1 "$GPULENS_HOME/$name.log")" >&2
+      python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(sys.argv[2], \
+        round(d['throughput_samples_per_s'] or 0, 1), 'samples/s, +-', d.get('throughput_ci95_pct'), '%')" \
+        "$GPULENS_HOME/$name.json" "$name" 2>/dev/null
+    done
+  done
+done
+tar czf "$OUT/workers-ladder-$commit-$gpu-$day.tgz" -C "$GPULENS_HOME" runs
+python3 benchmarks/predict_same_gpu.py "$OUT/workers-ladder-$commit-$gpu-$day.tgz" \
+  --out "$OUT/predict_same_gpu-workers-$commit-$gpu-$day.json" || true
