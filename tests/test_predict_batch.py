@@ -248,7 +248,6 @@ def test_the_validated_figures_are_the_committed_measurements():
         "batch_up_host_bound": "regime_batch_up_host_bound",
         "batch_down": "regime_batch_down",
         "batch_down_probed": "regime_batch_down_probed",
-        "workers": "workers",
         "multi_gpu_same_gpu": "gpus_1_to_2",
     }
     for method, row in pairs.items():
@@ -256,6 +255,11 @@ def test_the_validated_figures_are_the_committed_measurements():
             doc["summary"][row]["mape_pct"], abs=0.05
         )
         assert VALIDATED[method].cases == doc["summary"][row]["cases"]
+    workers = json.loads(next(results.glob("predict_same_gpu-workers-*.json")).read_text())
+    assert VALIDATED["workers"].mape_pct == pytest.approx(
+        workers["summary"]["workers_predicted"]["mape_pct"], abs=0.05
+    )
+    assert VALIDATED["workers"].cases == workers["summary"]["workers_predicted"]["cases"]
     # the floor the same-GPU figures stand on: two processes of one configuration
     floor = doc["summary"]
     assert floor["repeats_gpu_bound"]["mape_pct"] < 2 < floor["repeats_host_bound"]["mape_pct"]

@@ -81,11 +81,15 @@ VALIDATED: dict[str, Validated] = {
         "vgg16, vit_b_16, gpt2, mobilenet_v3_small bf16 on four H100 and four H200): the probe "
         "is kept as the floor; a host-bound step ran 0.66-1.44x the probe from run to run",
     ),
+    # `benchmarks/workers_ladder.sh` on an H100 (predict_same_gpu-workers-45b57da-*.json):
+    # `predict --workers` itself, each run of a job with its JPEG loader predicting the others.
     "workers": Validated(
-        9.6,
-        36,
-        "loader-bound jobs at 1/2/4/8 workers on an H100 (allocate_workers-7919c1d-*): each "
-        "worker kept at its measured pace; the runs' own 95% intervals were 1-324%",
+        11.2,
+        26,
+        "loader workers 1/2/4/8, resnet50, mobilenet_v3_small and vit_b_16 bf16 with their JPEG "
+        "loaders on an H100 (predict --workers on every other run of the job); the runs' own "
+        "95% intervals were 2.5-16% (one 1049%). The same rule on an earlier H100's curves "
+        "(allocate_workers-7919c1d-*): 9.6% over 36",
     ),
     "multi_gpu_same_gpu": Validated(
         4.1,
