@@ -351,3 +351,43 @@ def test_ops_bound_by_latency_keep_their_time():
     assert mid_ideal_s < batch.LATENCY_BOUND_IDEAL_S
     mid = {"name": "aten::add", "args": {"Input Dims": [[8, 64, 28, 28], [8, 64, 28, 28]]}}
     assert 1.0 < batch.op_ratio(mid, sizes, 8.0, hw) < 8.0
+
+
+def test_a_weight_as_wide_as_the_tokens_does_not_grow_with_the_batch():
+    # gpt2 at batch 3: 3 x 1024 tokens = 3072 rows, the width of its MLP's weight [768, 3072]
+    hw = _h200()
+    sizes = batch.batch_sizes([{"args": {"Input Dims": [[3, 1024, 768]]}}], 3)
+    assert sizes == {3, 3072}
+    mlp = {"name": "aten::addmm", "args": {"Input Dims": [[3072], [3072, 768], [768, 3072]]}}
+    # both operands carry a 3072 and both were rescaled: x16 FLOPs for a x4 batch before
+    assert batch.op_ratio(mlp, sizes, 4.0, hw) == pytest.approx(4.0, rel=0.01)
+    assert batch.op_ratio(mlp, sizes, 0.25, hw) == pytest.approx(0.25, rel=0.01)
+
+
+def test_queued_kernels_leave_one_short_gap_each():
+    def kernel(ts_us, dur_us, stream=7):
+        return {"ts": ts_us, "dur": dur_us, "args": {"stream": stream}}
+
+    # back to back 1 us apart, then a 50 us wait for the host, which does not count
+    device = [kernel(0, 10), kernel(11, 10), kernel(22, 10), kernel(82, 10)]
+    assert batch.launch_gaps_s(device) == pytest.approx(4 * 1e-6)
+    # two streams are two queues: their kernels' overlap is no gap
+    two = [kernel(0, 10), kernel(11, 10), kernel(5, 10, stream=9), kernel(17, 10, stream=9)]
+    assert batch.launch_gaps_s(two) == pytest.approx(4 * 1.5e-6)
+    assert batch.launch_gaps_s([kernel(0, 10)]) == 0.0
+
+
+def test_a_host_paced_run_grows_by_its_kernels_and_gaps_once_they_outlast_the_step():
+    rec = _run(64)  # the host set its pace: kernels and gaps fill well under the step
+    prof = rec.meta["torch_profiler"]
+    step_s = rec.meta["summary"]["phases_s"]["step"]
+    big = batch.scale_batch(Path(rec.dir) / prof["file"], prof["steps"], 64, 512, _h200())
+    assert big.gap_s_per_step > 0
+    assert (big.busy_s_per_step + big.gap_s_per_step) / step_s < 0.95
+    assert big.scaled_s_per_step + big.gap_s_per_step > step_s
+    p = predict_run(rec, Target(None, batch_size=512))
+    assert p.regimes == ("batch_up",)
+    # the GPU takes over: its kernels with one queued gap each, not the kernels alone
+    gpu_s = big.scaled_s_per_step + big.gap_s_per_step
+    assert p.components_s["compute"] == pytest.approx(gpu_s, rel=0.05)
+    assert p.components_s["compute"] > big.scaled_s_per_step
