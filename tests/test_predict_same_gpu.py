@@ -1,0 +1,45 @@
+"""benchmarks/predict_same_gpu.py on the loader-workers ladder recorded on an H100: the figure
+committed (and held by `VALIDATED["workers"]`) is what `predict --workers` gives on its runs."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+RESULTS = BENCHMARKS / "results"
+
+
+def _module():
+    sys.path.insert(0, str(BENCHMARKS))  # predict_same_gpu imports predict_validation
+    try:
+        spec = importlib.util.spec_from_file_location(
+            "predict_same_gpu", BENCHMARKS / "predict_same_gpu.py"
+        )
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    return module
+
+
+def test_the_workers_figure_is_predict_workers_on_the_committed_runs(tmp_path, monkeypatch):
+    same_gpu = _module()
+    monkeypatch.setenv("GPULENS_HOME", str(tmp_path / "home"))
+    (ladder,) = RESULTS.glob("workers-ladder-*-NVIDIA_H100_80GB_HBM3-*.tgz")
+    points = [p for p in map(same_gpu._point, same_gpu.load_records([ladder], tmp_path)) if p]
+    for p in points:
+        p["origin"] = ladder.name
+    rows = same_gpu.worker_record_cases(points)
+    # three jobs, 4 + 4 + 2 worker counts: every run predicts the other runs of its job
+    assert len(rows) == 12 + 12 + 2
+    assert {r["workload"] for r in rows} == {"resnet50", "mobilenet_v3_small", "vit_b_16"}
+    (committed,) = RESULTS.glob("predict_same_gpu-workers-*.json")
+    figure = json.loads(committed.read_text())["summary"]["workers_predicted"]
+    assert same_gpu._mape(rows) == pytest.approx(figure["mape_pct"], abs=0.01)
+    # the rule beats keeping the source's throughput by an order of magnitude
+    assert same_gpu._mape(rows) * 5 < same_gpu._mape(rows, "naive_ape_pct")
