@@ -391,3 +391,4 @@ def test_a_host_paced_run_grows_by_its_kernels_and_gaps_once_they_outlast_the_st
     gpu_s = big.scaled_s_per_step + big.gap_s_per_step
     assert p.components_s["compute"] == pytest.approx(gpu_s, rel=0.05)
     assert p.components_s["compute"] > big.scaled_s_per_step
+    assert any("the GPU sets the pace" in n for n in p.notes)

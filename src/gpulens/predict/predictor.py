@@ -241,10 +241,14 @@ def _batch_core(facts: RunFacts, core_s: float, batch: int, hw: roofline.Hardwar
     # The host set the pace (its launches do not grow with the batch): the GPU takes over once
     # its kernels, with a gap after each, outlast the host's step.
     gpu_s = bs.scaled_s_per_step + bs.gap_s_per_step
+    note += f"; the host set this run's pace (kernels and their gaps fill {fill:.0%})"
+    if gpu_s < core_s:
+        return core_s, note + ", kept as a floor", False
     note += (
-        f"; the host set this run's pace (kernels and their gaps fill {fill:.0%}), kept as a floor"
+        f"; at batch {batch} the kernels and their gaps ({gpu_s * 1e3:.2f} ms) outlast that "
+        f"step ({core_s * 1e3:.2f} ms): the GPU sets the pace"
     )
-    return max(core_s, gpu_s), note, gpu_s >= core_s
+    return gpu_s, note, True
 
 
 def _loader_capacity(record, facts: RunFacts, loader_bound: bool) -> float | None:
