@@ -39,6 +39,11 @@
 #   pin       issue 19: is the launch-bound noise the host's scheduling? r18 b8 and b1 whole-run
 #             pairs, unpinned, then the same pinned to 4 CPUs of distinct physical cores (~4 min)
 #
+# Issue 17's other scripts (session 19), run on their own: predict_ladder.sh (PARTS=gpus on an
+# H100 pair is still to do: every 2-GPU call so far came back as H200s), ddp_overhead.sh (where
+# a DDP step's time beyond the all-reduce goes; 2 GPUs) and workers_ladder.sh (predict --workers
+# on a job's own runs; longer runs than its 20 s would tell how much of its 11.2% is the runs').
+#
 # The serve extra (starlette, uvicorn) is not on the GPU image; its wheels travel in .whl/
 # (git-ignored): `pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl
 # starlette uvicorn httptools` here (httptools: the cp312 manylinux wheel), `carry: [".whl"]` in
