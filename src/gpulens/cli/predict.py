@@ -48,7 +48,12 @@ def predict(
     gpu: str = typer.Option(
         None, "--gpu", help="Target GPU (a catalog name, e.g. H100, A100) [default: the run's]."
     ),
-    gpus: int = typer.Option(1, "--gpus", help="GPUs per node (same per-GPU batch)."),
+    gpus: int = typer.Option(
+        1,
+        "--gpus",
+        help="GPUs per node (same per-GPU batch). On the run's GPU, the host's own pace "
+        "(probed) plus DDP's host work per step is the floor.",
+    ),
     batch_size: int = typer.Option(
         None,
         "--batch-size",
