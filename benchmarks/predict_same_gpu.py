@@ -65,6 +65,7 @@ def _point(rec) -> dict | None:
         "workers": f.workers,
         "profiled": profiled,
         "tput": float(s["throughput_samples_per_s"]),
+        "ci95_pct": s.get("throughput_ci95_pct"),  # the run's own 95% interval over its steps
         "step_s": f.step_s,
         "compute_s": f.compute_s,
         "kernel_s": kernel_s,
@@ -103,6 +104,8 @@ def batch_cases(points: list[dict]) -> list[dict]:
                     "ape_pct": ape_pct(pred.throughput_samples_per_s, tgt["tput"]),
                     "naive_ape_pct": ape_pct(src["tput"], tgt["tput"]),
                     "source_host_issue_s": src["host_issue_s"],
+                    "source_ci95_pct": src["ci95_pct"],
+                    "target_ci95_pct": tgt["ci95_pct"],
                     "target_kernel_share": _kernel_share(tgt),
                     "target_gpu_fill": _gpu_fill(tgt),
                     # the batch regime the prediction weighed its validated error on
@@ -186,6 +189,7 @@ def gpus_cases(points: list[dict]) -> list[dict]:
                 "measured_samples_per_s": two["tput"],
                 "ape_pct": ape_pct(pred.throughput_samples_per_s, two["tput"]),
                 "naive_ape_pct": ape_pct(2 * one["tput"], two["tput"]),
+                "source_ci95_pct": one["ci95_pct"], "target_ci95_pct": two["ci95_pct"],
             })  # fmt: skip
     return rows
 
@@ -214,6 +218,7 @@ def worker_record_cases(points: list[dict]) -> list[dict]:
                     "ape_pct": ape_pct(pred.throughput_samples_per_s, tgt["tput"]),
                     "naive_ape_pct": ape_pct(src["tput"], tgt["tput"]),
                     "validated_error_pct": pred.validated_error_pct,
+                    "source_ci95_pct": src["ci95_pct"], "target_ci95_pct": tgt["ci95_pct"],
                     "notes": list(pred.notes),
                 })  # fmt: skip
     return rows
@@ -239,6 +244,24 @@ def workers_cases(allocate_json: Path) -> list[dict]:
                         "ci95_pct": max(ci0, ci1),
                     })  # fmt: skip
     return rows
+
+
+# A run whose throughput's 95% interval over its steps is within this is steady enough to
+# score a prediction on; beyond it, the run moved more than the figure it should check.
+STEADY_CI_PCT = 5.0
+
+
+def _figure(rows: list[dict]) -> dict:
+    return {
+        "cases": len(rows),
+        "mape_pct": _mape(rows),
+        "naive_mape_pct": _mape(rows, "naive_ape_pct"),
+    }
+
+
+def _steady(row: dict) -> bool:
+    cis = (row.get("source_ci95_pct"), row.get("target_ci95_pct"))
+    return all(ci is not None and ci <= STEADY_CI_PCT for ci in cis)
 
 
 def _mape(rows: list[dict], field: str = "ape_pct") -> float | None:
@@ -300,6 +323,12 @@ def main() -> int:
                 "mape_pct": _mape(rs),
                 "naive_mape_pct": _mape(rs, "naive_ape_pct"),
             }
+    # the same, where both runs were steady (their own 95% intervals within STEADY_CI_PCT):
+    # what is left is the predictor's error, not the measurements' movement
+    for regime in sorted({r["regime"] for r in batch if r["regime"]}):
+        rs = [r for r in batch if r["regime"] == regime and r["set"] != "in_sample" and _steady(r)]
+        if rs:
+            summary[f"regime_{regime}_steady"] = _figure(rs)
     for lo, hi in ((1.9, 2.1), (3.9, 4.1), (7.9, 8.1)):
         rs = [r for r in batch if lo <= max(r["factor"], 1 / r["factor"]) <= hi]
         if rs:
@@ -318,6 +347,9 @@ def main() -> int:
                   f"(x2: {r['naive_ape_pct']:4.1f}%)")  # fmt: skip
         summary["gpus_1_to_2"] = {"cases": len(gpus), "mape_pct": _mape(gpus),
                                   "naive_mape_pct": _mape(gpus, "naive_ape_pct")}  # fmt: skip
+        steady = [r for r in gpus if _steady(r)]
+        if steady:
+            summary["gpus_1_to_2_steady"] = _figure(steady)
     if worker_runs:
         print("\nloader workers (predict --workers, same GPU)")
         for r in worker_runs:
@@ -329,6 +361,9 @@ def main() -> int:
             "mape_pct": _mape(worker_runs),
             "naive_mape_pct": _mape(worker_runs, "naive_ape_pct"),
         }
+        steady = [r for r in worker_runs if _steady(r)]
+        if steady:
+            summary["workers_predicted_steady"] = _figure(steady)
     workers = workers_cases(args.workers_json) if args.workers_json else []
     if workers:
         steady = [r for r in workers if r["ci95_pct"] <= 10.0]

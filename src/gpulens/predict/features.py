@@ -138,18 +138,29 @@ def run_facts(record) -> RunFacts:
     )
 
 
-@functools.lru_cache(maxsize=32)
 def model_size(workload: str | None) -> tuple[int | None, int | None]:
     """``(parameters, layers)`` of a built-in workload (layers: convolutions and linear
     layers); ``(None, None)`` for anything else. Builds the model once on the CPU."""
+    params, layers, _ = _model_counts(workload)
+    return params, layers
+
+
+def gradient_tensors(workload: str | None) -> int | None:
+    """How many parameter tensors of a built-in workload take a gradient (DDP hooks and
+    buckets each one); None for anything else."""
+    return _model_counts(workload)[2]
+
+
+@functools.lru_cache(maxsize=32)
+def _model_counts(workload: str | None) -> tuple[int | None, int | None, int | None]:
     if not workload:
-        return None, None
+        return None, None, None
     try:
         from gpulens.workloads.models import get_workload
 
         spec = get_workload(workload)
     except UsageError:
-        return None, None
+        return None, None, None
     import torch
 
     model = spec.build()
@@ -158,4 +169,5 @@ def model_size(workload: str | None) -> tuple[int | None, int | None]:
         isinstance(m, (torch.nn.Conv2d, torch.nn.Linear, torch.nn.MultiheadAttention))
         for m in model.modules()
     )
-    return int(params), int(layers)
+    tensors = sum(p.requires_grad for p in model.parameters())
+    return int(params), int(layers), int(tensors)

@@ -24,7 +24,7 @@ from gpulens.predict import batch as batch_model
 from gpulens.predict import roofline, validation
 from gpulens.predict.catalog import GpuSpec, find_gpu
 from gpulens.predict.communication import Communication, communication
-from gpulens.predict.features import RunFacts, model_size, run_facts
+from gpulens.predict.features import RunFacts, gradient_tensors, model_size, run_facts
 from gpulens.predict.trace import read_kernels
 
 log = logging.getLogger(__name__)
@@ -136,11 +136,24 @@ HOST_BOUND_BUSY = 0.8
 # host-paced ones 0.2-0.9 (2026-11-26). `--batch-size` keeps a GPU-paced run's step beyond its
 # kernels and takes a host-paced run's step as the floor.
 GPU_BOUND_FILL = 0.95
-# The host time DDP adds to issuing one step (its hooks, buckets and collectives): 3.0, 4.1,
-# 5.5 and 6.9 ms for vgg16 b64, resnet18 b256, vit_b_16 b64 and resnet50 b128 on a plain loop
-# (benchmarks/ddp_overhead.sh, an H200 pair, 2026-11-26); the median. Where the host's probed
-# issue time plus this outlasts the GPU's step, the host sets a DDP step's pace.
+# The host time DDP adds to issuing one step: its reducer's hook and bucket copy for every
+# gradient tensor, and a fixed part (buckets' collectives, the backward's preparation). On a
+# plain loop (benchmarks/ddp_overhead.sh, an H200 pair, 2026-11-26): vgg16 b64 (32 tensors)
+# 2.96 ms, resnet18 b256 (62) 4.07, vit_b_16 b64 (152) 5.51, resnet50 b128 (161) 6.90; the
+# least-squares line is 2.27 ms + 25.4 us per tensor (residuals within 0.63 ms). A workload
+# whose tensors are not known takes the median, 4.8 ms. Where the host's probed issue time plus
+# this outlasts the GPU's step, the host sets a DDP step's pace.
+DDP_HOST_FIXED_S = 2.27e-3
+DDP_HOST_PER_TENSOR_S = 25.4e-6
 DDP_HOST_ISSUE_S = 4.8e-3
+
+
+def ddp_host_issue_s(workload: str | None) -> float:
+    """The host time DDP adds to one step of ``workload`` (seconds)."""
+    tensors = gradient_tensors(workload)
+    if tensors is None:
+        return DDP_HOST_ISSUE_S
+    return DDP_HOST_FIXED_S + DDP_HOST_PER_TENSOR_S * tensors
 
 
 def _gpu_ratio(
@@ -328,17 +341,18 @@ def _ddp_host_floor(
     host_s = facts.host_issue_s
     if target.total_gpus <= facts.gpus or facts.gpus != 1 or host_s is None:
         return compute_s, []
-    floor_s = host_s + DDP_HOST_ISSUE_S
+    ddp_s = ddp_host_issue_s(facts.workload)
+    floor_s = host_s + ddp_s
     if floor_s <= compute_s + comm_s:
         return compute_s, []
     if not same_machine:  # another machine's host: its speed is not known
         return compute_s, [
             f"this host takes {host_s * 1e3:.2f} ms to issue a step (probed) and DDP adds "
-            f"about {DDP_HOST_ISSUE_S * 1e3:.1f} ms: the target's host may set the pace"
+            f"about {ddp_s * 1e3:.1f} ms: the target's host may set the pace"
         ]
     return floor_s - comm_s, [
         f"the host takes {host_s * 1e3:.2f} ms to issue a step (probed) and DDP adds about "
-        f"{DDP_HOST_ISSUE_S * 1e3:.1f} ms to it: the host sets the pace"
+        f"{ddp_s * 1e3:.1f} ms to it: the host sets the pace"
     ]
 
 
