@@ -242,7 +242,7 @@ def test_the_validated_figures_are_the_committed_measurements():
     from gpulens.predict.validation import VALIDATED
 
     results = Path(__file__).parents[1] / "benchmarks" / "results"
-    doc = json.loads(next(results.glob("predict_same_gpu-twelve_ladders-*.json")).read_text())
+    doc = json.loads(next(results.glob("predict_same_gpu-fifteen_ladders-*.json")).read_text())
     pairs = {
         "batch_up": "regime_batch_up",
         "batch_up_host_bound": "regime_batch_up_host_bound",
@@ -263,6 +263,12 @@ def test_the_validated_figures_are_the_committed_measurements():
     # the floor the same-GPU figures stand on: two processes of one configuration
     floor = doc["summary"]
     assert floor["repeats_gpu_bound"]["mape_pct"] < 2 < floor["repeats_host_bound"]["mape_pct"]
+    from gpulens.predict.validation import HOST_PACED_REPEAT
+
+    assert HOST_PACED_REPEAT.mape_pct == pytest.approx(
+        floor["repeats_host_bound"]["mape_pct"], abs=0.05
+    )
+    assert HOST_PACED_REPEAT.cases == floor["repeats_host_bound"]["cases"]
 
 
 def test_a_larger_batch_prints_its_validated_error_and_a_smaller_one_its_own():
@@ -306,6 +312,10 @@ def test_a_larger_batch_says_whether_the_kernels_will_fill_the_step(tmp_path):
     assert host_bound.regimes == ("batch_up_host_bound",)
     assert host_bound.validated_error_pct == VALIDATED["batch_up_host_bound"].mape_pct
     assert any("the host set this run's pace" in n for n in host_bound.notes)
+    # a host-paced figure is read against how much a second run of it moves; a GPU-paced one
+    # (0.9% between runs) needs no such word
+    assert any("two runs of one such configuration differed by" in n for n in host_bound.notes)
+    assert not any("two runs of one such" in n for n in gpu_bound.notes)
 
 
 def test_more_gpus_for_a_run_whose_host_sets_the_pace_are_held_to_the_host_and_ddp(tmp_path):

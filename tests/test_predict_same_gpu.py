@@ -43,3 +43,14 @@ def test_the_workers_figure_is_predict_workers_on_the_committed_runs(tmp_path, m
     assert same_gpu._mape(rows) == pytest.approx(figure["mape_pct"], abs=0.01)
     # the rule beats keeping the source's throughput by an order of magnitude
     assert same_gpu._mape(rows) * 5 < same_gpu._mape(rows, "naive_ape_pct")
+
+
+def test_a_case_is_steady_only_where_both_runs_said_how_much_they_moved():
+    """The `*_steady` figures keep cases whose source and target runs both had a 95% interval
+    within STEADY_CI_PCT; a run that reported none is not taken for a steady one."""
+    same_gpu = _module()
+    limit = same_gpu.STEADY_CI_PCT
+    assert same_gpu._steady({"source_ci95_pct": limit, "target_ci95_pct": 0.5})
+    assert not same_gpu._steady({"source_ci95_pct": limit + 0.1, "target_ci95_pct": 0.5})
+    assert not same_gpu._steady({"source_ci95_pct": 1.0, "target_ci95_pct": None})
+    assert not same_gpu._steady({})

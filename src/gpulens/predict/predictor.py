@@ -399,6 +399,7 @@ def predict_run(record, target: Target, catalog: Path | None = None) -> Predicti
         else:
             regimes.append("batch_down_probed" if facts.host_issue_s is not None else "batch_down")
     error = validation.error_pct(method, *regimes)
+    repeat_note = validation.run_to_run_note(regimes)
     if fit_error is not None:
         error = max(fit_error, error or 0.0)
     # Bookkeeping time goes with compute; a negative remainder (phase means that overlap
@@ -430,6 +431,8 @@ def predict_run(record, target: Target, catalog: Path | None = None) -> Predicti
     notes += loader_notes
     if loader_unknown:
         error = None  # the loader's own pace is what decides, and it was not measured
+    if repeat_note and error is not None:
+        notes.append(repeat_note)
     step = busy + data_wait
     if not math.isfinite(step) or step <= 0:
         raise UsageError(f"run {facts.run_id} has inconsistent phase times: cannot predict")
