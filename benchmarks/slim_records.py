@@ -1,7 +1,7 @@
 """Shrink a tarball of run records for committing: each torch_trace.json keeps only what
 `gpulens predict` reads (CUDA kernels, device memsets and copies, the ops that launched them
 with their shapes, and the CUDA runtime calls' names and times); everything else of the records
-is kept as it is.
+is kept as it is. Slimming a slimmed tarball again keeps it as it is.
 
     python benchmarks/slim_records.py predict-records-....tgz OUT.tgz
 """
@@ -15,11 +15,19 @@ import tarfile
 
 DEVICE_CATS = ("kernel", "gpu_memset", "gpu_memcpy")
 OP_ARGS = ("External id", "Input Dims", "Input type", "Concrete Inputs")
+# what gpulens.predict reads of a kernel, memset or copy besides its name and times: the op
+# that launched it and its stream (occupancy, grid and registers are dropped: the committed
+# tree must stay under the device copy's 64 MiB)
+DEVICE_ARGS = ("External id", "stream", "correlation", "device")
 
 
 def slim_trace(doc: dict) -> dict:
     events = doc.get("traceEvents") or []
-    device = [e for e in events if e.get("cat") in DEVICE_CATS]
+    device = [
+        {**e, "args": {k: v for k, v in (e.get("args") or {}).items() if k in DEVICE_ARGS}}
+        for e in events
+        if e.get("cat") in DEVICE_CATS
+    ]
     linked = {(e.get("args") or {}).get("External id") for e in device}
     ops = [
         {**e, "args": {k: v for k, v in (e.get("args") or {}).items() if k in OP_ARGS}}
@@ -42,7 +50,7 @@ def main(src: str, dst: str) -> int:
         for member in tin.getmembers():
             data = tin.extractfile(member).read() if member.isfile() else None
             if data is not None and member.name.endswith("torch_trace.json"):
-                data = json.dumps(slim_trace(json.loads(data))).encode()
+                data = json.dumps(slim_trace(json.loads(data)), separators=(",", ":")).encode()
                 member.size = len(data)
             tout.addfile(member, io.BytesIO(data) if data is not None else None)
     return 0
