@@ -93,7 +93,7 @@ def batch_cases(points: list[dict]) -> list[dict]:
                     continue
                 held_out = tgt["batch"] not in design
                 rows.append({
-                    "gpu": gpu, "workload": workload,
+                    "gpu": gpu, "workload": workload, "origin": src["origin"],
                     "from_batch": src["batch"], "to_batch": tgt["batch"],
                     "factor": tgt["batch"] / src["batch"],
                     "set": "held_out" if held_out and src["batch"] in design
@@ -101,6 +101,7 @@ def batch_cases(points: list[dict]) -> list[dict]:
                     "from": src["run_id"], "to": tgt["run_id"],
                     "predicted_samples_per_s": pred.throughput_samples_per_s,
                     "measured_samples_per_s": tgt["tput"],
+                    "source_samples_per_s": src["tput"],
                     "ape_pct": ape_pct(pred.throughput_samples_per_s, tgt["tput"]),
                     "naive_ape_pct": ape_pct(src["tput"], tgt["tput"]),
                     "source_host_issue_s": src["host_issue_s"],
@@ -112,6 +113,40 @@ def batch_cases(points: list[dict]) -> list[dict]:
                     "regime": next((g for g in pred.regimes if g.startswith("batch_")), None),
                     "notes": list(pred.notes),
                 })  # fmt: skip
+    return rows
+
+
+def averaged_cases(batch: list[dict]) -> list[dict]:
+    """Batch changes between configurations each run more than once on one ladder (REPEATS=2),
+    scored as a protocol of repeated runs would: the mean prediction from every run of the
+    source configuration against the mean of every run of the target. Against the single
+    cases of the same groups (`single_ape_pct`), what falls away is the runs' own movement."""
+    groups = defaultdict(lambda: (defaultdict(list), {}, {}, []))
+    for r in batch:
+        if r["set"] == "in_sample":
+            continue
+        key = (r["origin"], r["workload"], r["from_batch"], r["to_batch"])
+        preds, measured, sources, rows_in = groups[key]
+        preds[r["from"]].append(r["predicted_samples_per_s"])
+        measured[r["to"]] = r["measured_samples_per_s"]
+        sources[r["from"]] = r["source_samples_per_s"]
+        rows_in.append(r)
+    rows = []
+    for (origin, workload, b0, b1), (preds, measured, sources, rows_in) in groups.items():
+        if len(preds) < 2 or len(measured) < 2:
+            continue
+        predicted = statistics.mean(statistics.mean(v) for v in preds.values())
+        target = statistics.mean(measured.values())
+        regimes = {r["regime"] for r in rows_in}
+        rows.append({
+            "origin": origin, "workload": workload, "from_batch": b0, "to_batch": b1,
+            "source_runs": len(preds), "target_runs": len(measured),
+            "regime": regimes.pop() if len(regimes) == 1 else None,
+            "predicted_samples_per_s": predicted, "measured_samples_per_s": target,
+            "ape_pct": ape_pct(predicted, target),
+            "naive_ape_pct": ape_pct(statistics.mean(sources.values()), target),
+            "single_ape_pct": _mape(rows_in),
+        })  # fmt: skip
     return rows
 
 
@@ -373,6 +408,13 @@ def main() -> int:
                 "mape_pct": _mape(rs),
                 "naive_mape_pct": _mape(rs, "naive_ape_pct"),
             }
+    averaged = averaged_cases(batch)
+    for regime in sorted({r["regime"] for r in averaged if r["regime"]}):
+        rs = [r for r in averaged if r["regime"] == regime]
+        summary[f"regime_{regime}_averaged"] = {
+            **_figure(rs),
+            "single_run_mape_pct": _mape(rs, "single_ape_pct"),
+        }
     if repeats:  # the same configuration twice: the floor under every figure above
         figure = _mape(repeats)  # a repeat's "naive" prediction is itself
         summary["repeats"] = {"cases": len(repeats), "mape_pct": figure, "naive_mape_pct": figure}
@@ -431,6 +473,7 @@ def main() -> int:
             "workers_cases": workers,
             "host_issue_probes": probes,
             "repeat_cases": repeats,
+            "averaged_cases": averaged,
         }
         args.out.write_text(json.dumps(doc, indent=1, default=str))
     return 0

@@ -54,3 +54,35 @@ def test_a_case_is_steady_only_where_both_runs_said_how_much_they_moved():
     assert not same_gpu._steady({"source_ci95_pct": limit + 0.1, "target_ci95_pct": 0.5})
     assert not same_gpu._steady({"source_ci95_pct": 1.0, "target_ci95_pct": None})
     assert not same_gpu._steady({})
+
+
+def test_repeated_configurations_are_scored_on_their_means():
+    """A change between two configurations each run twice is scored once, mean prediction
+    against mean measurement, beside the mean error of its four single cases; a configuration
+    run once is left to the single-case figures."""
+    same_gpu = _module()
+
+    def row(src, tgt, predicted, measured, batch=(8, 16)):
+        return {
+            "set": "other", "origin": "ladder.tgz", "workload": "vit_b_16",
+            "from_batch": batch[0], "to_batch": batch[1], "from": src, "to": tgt,
+            "regime": "batch_up_host_bound", "predicted_samples_per_s": predicted,
+            "measured_samples_per_s": measured, "source_samples_per_s": 50.0,
+            "ape_pct": abs(predicted - measured) / measured * 100,
+        }  # fmt: skip
+
+    batch = [
+        row("a1", "b1", 100.0, 90.0),
+        row("a1", "b2", 100.0, 110.0),
+        row("a2", "b1", 110.0, 90.0),
+        row("a2", "b2", 110.0, 110.0),
+        row("a1", "c1", 100.0, 100.0, batch=(8, 32)),  # the target ran once
+    ]
+    (case,) = same_gpu.averaged_cases(batch)
+    assert (case["from_batch"], case["to_batch"]) == (8, 16)
+    assert case["predicted_samples_per_s"] == pytest.approx(105.0)
+    assert case["measured_samples_per_s"] == pytest.approx(100.0)
+    assert case["ape_pct"] == pytest.approx(5.0)
+    # the single cases erred 11.1, 9.1, 22.2 and 0%: the runs' movement, averaged away
+    assert case["single_ape_pct"] == pytest.approx((100 / 9 + 100 / 11 + 200 / 9) / 4)
+    assert case["naive_ape_pct"] == pytest.approx(50.0)
