@@ -1,6 +1,6 @@
 """The batch model's error on GPU kernel time alone, free of the host (issue 17).
 
-    python benchmarks/batch_kernel_errors.py LADDER.tgz [...]
+    python benchmarks/batch_kernel_errors.py LADDER.tar.xz [...]
 
 Every profiled 1-GPU run of a ladder (`benchmarks/predict_ladder.sh`) predicts the kernel time
 per step of every other run of its workload at another batch size on the same machine, by

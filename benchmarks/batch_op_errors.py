@@ -4,7 +4,7 @@ batch model to another run's batch, against that run's own window (same GPU, sam
     python benchmarks/batch_op_errors.py SOURCE_RUN_DIR TARGET_RUN_DIR [--top 14]
 
 Run directories as `benchmarks/predict_ladder.sh` writes them (each with torch_trace.json and a
-`--torch-profiler` window); unpack a committed predict-ladder-*.tgz to get them.
+`--torch-profiler` window); unpack a committed predict-ladder-*.tar.xz to get them.
 """
 
 from __future__ import annotations

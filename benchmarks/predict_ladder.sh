@@ -11,7 +11,7 @@
 #        then the spread between runs of one configuration, the floor under its other figures.
 # gpus:  the same workloads on 1 GPU and as 2-GPU DDP (same per-GPU batch): the all-reduce model
 #        predicts the second from the first, uncalibrated (no pair of its own in the store).
-# Then python benchmarks/predict_same_gpu.py predict-ladder-*.tgz scores them.
+# Then python benchmarks/predict_same_gpu.py predict-ladder-*.tar.xz scores them.
 set -uo pipefail
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 GPULENS_HOME=${GPULENS_HOME:-/tmp/gpulens-ladder}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -67,6 +67,6 @@ done
 # trace (step wall time, CUDA runtime calls) summarised first
 python3 benchmarks/trace_host_summary.py "$GPULENS_HOME/runs" > "$GPULENS_HOME/runs/host_summary.json"
 tar czf "$GPULENS_HOME/full.tgz" -C "$GPULENS_HOME" runs
-python3 benchmarks/slim_records.py "$GPULENS_HOME/full.tgz" "$OUT/predict-ladder-$commit-$gpu-x$ngpu-$day.tgz"
-python3 benchmarks/predict_same_gpu.py "$OUT/predict-ladder-$commit-$gpu-x$ngpu-$day.tgz" \
+python3 benchmarks/slim_records.py "$GPULENS_HOME/full.tgz" "$OUT/predict-ladder-$commit-$gpu-x$ngpu-$day.tar.xz"
+python3 benchmarks/predict_same_gpu.py "$OUT/predict-ladder-$commit-$gpu-x$ngpu-$day.tar.xz" \
   --out "$OUT/predict_same_gpu-$commit-$gpu-x$ngpu-$day.json" || true

@@ -1,8 +1,8 @@
 """Same-GPU validation of `gpulens predict` (issue 17): another batch size, and 2 GPUs from 1.
 
-    python benchmarks/predict_same_gpu.py RUNS.tgz [...] [--out FILE.json]
+    python benchmarks/predict_same_gpu.py RUNS.tar.xz [...] [--out FILE.json]
 
-RUNS are run directories, folders of runs, or .tgz files of them, as
+RUNS are run directories, folders of runs, or .tgz/.tar.xz files of them, as
 `benchmarks/predict_ladder.sh` bundles them. Batch: every profiled 1-GPU run predicts every run
 of the same workload, precision and GPU at another batch size (`predict --batch-size`). Cases
 whose target batch is one of the sizes the model was designed on (those of predict_session.sh,

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 17: the runs cross-GPU validation needs, on whatever GPU this runs on. Run it once on an
 # H100 and once on an H200 (one device call each, about 6 minutes), then on any machine:
-#   python benchmarks/predict_validation.py predict-records-*H100*.tgz predict-records-*H200*.tgz
+#   python benchmarks/predict_validation.py predict-records-*H100*.tar.xz predict-records-*H200*.tar.xz
 # Five workloads x two batch sizes, bf16, synthetic data on the GPU (the GPU's own speed; loader
 # speed is the host's), each with a 5-step profiler window for the per-kernel roofline.
 set -uo pipefail
@@ -23,5 +23,6 @@ for case in resnet18:128 resnet18:256 resnet50:64 resnet50:128 vgg16:32 vgg16:64
     round(d['throughput_samples_per_s'] or 0, 1), 'samples/s')" "$GPULENS_HOME/$w-b$b.json" "$w b$b" \
     2>/dev/null
 done
-tar czf "$OUT/predict-records-$commit-$gpu-$day.tgz" -C "$GPULENS_HOME" runs
-python3 benchmarks/predict_validation.py "$OUT/predict-records-$commit-$gpu-$day.tgz" || true
+tar czf "$GPULENS_HOME/full.tgz" -C "$GPULENS_HOME" runs
+python3 benchmarks/slim_records.py "$GPULENS_HOME/full.tgz" "$OUT/predict-records-$commit-$gpu-$day.tar.xz"
+python3 benchmarks/predict_validation.py "$OUT/predict-records-$commit-$gpu-$day.tar.xz" || true

@@ -2,13 +2,13 @@
 
     python benchmarks/predict_validation.py [RUNS ...] [--out FILE.json]
 
-RUNS are run directories, folders of runs, or .tgz files of them. Runs of the same workload,
+RUNS are run directories, folders of runs, or .tgz/.tar.xz files of them. Runs of the same workload,
 batch size, precision, data role (ingestion-free / cached / cold / train), loader workers and
 GPU count measured on two GPU models are predicted from each other; the table gives each case's
 predicted and measured throughput and the mean absolute percentage error (MAPE) per workload.
 
 Without RUNS it uses what is committed: the record tarballs in benchmarks/results (the stall
-sessions' H100 records, and `predict-records-*.tgz`: five workloads at two batch sizes with
+sessions' H100 records, and `predict-records-*.tar.xz`: five workloads at two batch sizes with
 profiler windows, on an H100 and on an H200), the records under tests/fixtures, and the H200
 throughputs of the `gpulens stalls` JSONs in benchmarks/results (stalls-defaults-*-NVIDIA_H200*,
 stalls-2gpu-*-NVIDIA_H200x2*).
@@ -66,7 +66,7 @@ def _key(workload, batch, precision, role, workers, gpus) -> tuple:
 def load_records(paths: list[Path], tmp: Path) -> list:
     out = []
     for i, path in enumerate(paths):
-        if path.suffix == ".tgz":
+        if path.name.endswith((".tgz", ".tar.gz", ".tar.xz")):
             dest = tmp / f"{i}"
             with tarfile.open(path) as tar:
                 tar.extractall(dest, filter="data")
@@ -239,7 +239,7 @@ def main() -> int:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         paths = args.runs or sorted(RESULTS.glob("stalls-resnet50*records*.tgz")) + sorted(
-            RESULTS.glob("predict-records-*.tgz")
+            RESULTS.glob("predict-records-*.tar.xz")
         ) + [p.parent for p in sorted((ROOT / "tests" / "fixtures").glob("**/run.json"))]
         records = load_records(paths, Path(tmp))
         points = []

@@ -3,7 +3,10 @@
 with their shapes, and the CUDA runtime calls' names and times); everything else of the records
 is kept as it is. Slimming a slimmed tarball again keeps it as it is.
 
-    python benchmarks/slim_records.py predict-records-....tgz OUT.tgz
+    python benchmarks/slim_records.py RECORDS.tgz OUT.tar.xz
+
+OUT is xz-compressed where it ends in .tar.xz (a third smaller than gzip: the committed tree
+must stay under the 64 MiB the device copies), gzip otherwise.
 """
 
 from __future__ import annotations
@@ -46,7 +49,10 @@ def slim_trace(doc: dict) -> dict:
 
 
 def main(src: str, dst: str) -> int:
-    with tarfile.open(src) as tin, tarfile.open(dst, "w:gz") as tout:
+    with (
+        tarfile.open(src) as tin,
+        tarfile.open(dst, "w:xz" if dst.endswith(".tar.xz") else "w:gz") as tout,
+    ):
         for member in tin.getmembers():
             data = tin.extractfile(member).read() if member.isfile() else None
             if data is not None and member.name.endswith("torch_trace.json"):

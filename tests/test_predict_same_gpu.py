@@ -30,7 +30,7 @@ def _module():
 def test_the_workers_figure_is_predict_workers_on_the_committed_runs(tmp_path, monkeypatch):
     same_gpu = _module()
     monkeypatch.setenv("GPULENS_HOME", str(tmp_path / "home"))
-    (ladder,) = RESULTS.glob("workers-ladder-*-NVIDIA_H100_80GB_HBM3-*.tgz")
+    (ladder,) = RESULTS.glob("workers-ladder-*-NVIDIA_H100_80GB_HBM3-*.tar.xz")
     points = [p for p in map(same_gpu._point, same_gpu.load_records([ladder], tmp_path)) if p]
     for p in points:
         p["origin"] = ladder.name

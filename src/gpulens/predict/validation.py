@@ -27,8 +27,8 @@ VALIDATED: dict[str, Validated] = {
     "whole_step_roofline": Validated(
         1.9, 21, "resnet50 bf16 b128, synthetic data: 7 H100 records x 3 H200 measurements"
     ),
-    # `python benchmarks/predict_validation.py benchmarks/results/predict-records-7919c1d-*.tgz
-    # benchmarks/results/predict-ladder-*.tgz` (predict_validation-H100_H200-records_and_ladders-
+    # `python benchmarks/predict_validation.py benchmarks/results/predict-records-7919c1d-*.tar.xz
+    # benchmarks/results/predict-ladder-*.tar.xz` (predict_validation-H100_H200-records_and_ladders-
     # six_ladders-2026-11-26.json): both directions, 5 workloads at 2-4 batch sizes, seven
     # machines. The rules (keep a kernel's non-ideal time; keep memory-bound kernels whose bytes
     # fit both L2 caches) were chosen on the 7919c1d records (7.2% over 44 cases with two
