@@ -141,8 +141,8 @@ GPU_BOUND_FILL = 0.95
 # plain loop (benchmarks/ddp_overhead.sh, an H200 pair, 2026-11-26): vgg16 b64 (32 tensors)
 # 2.96 ms, resnet18 b256 (62) 4.07, vit_b_16 b64 (152) 5.51, resnet50 b128 (161) 6.90; the
 # least-squares line is 2.27 ms + 25.4 us per tensor (residuals within 0.63 ms). A workload
-# whose tensors are not known takes the median, 4.8 ms. Where the host's probed issue time plus
-# this outlasts the GPU's step, the host sets a DDP step's pace.
+# whose tensors are not known takes the median, 4.8 ms. Where the host's pace (_ddp_host_floor)
+# plus this outlasts the GPU's step, the host sets a DDP step's pace.
 DDP_HOST_FIXED_S = 2.27e-3
 DDP_HOST_PER_TENSOR_S = 25.4e-6
 DDP_HOST_ISSUE_S = 4.8e-3
