@@ -287,11 +287,7 @@ STEADY_CI_PCT = 5.0
 
 
 def _figure(rows: list[dict]) -> dict:
-    return {
-        "cases": len(rows),
-        "mape_pct": _mape(rows),
-        "naive_mape_pct": _mape(rows, "naive_ape_pct"),
-    }
+    return _figure(rows)
 
 
 def _steady(row: dict) -> bool:
@@ -335,8 +331,7 @@ def main() -> int:
     for name in ("held_out", "in_sample", "other"):
         rs = [r for r in batch if r["set"] == name]
         if rs:
-            summary[f"batch_{name}"] = {"cases": len(rs), "mape_pct": _mape(rs),
-                                        "naive_mape_pct": _mape(rs, "naive_ape_pct")}  # fmt: skip
+            summary[f"batch_{name}"] = _figure(rs)
     # up: the question "what would a larger batch give"; down: below a GPU-bound run's batch
     # the host's own pace (which a profiler window does not show) may bind instead
     for name, pick in (("up", lambda r: r["factor"] > 1), ("down", lambda r: r["factor"] < 1)):
@@ -344,22 +339,14 @@ def main() -> int:
             keep = {"held_out": ("held_out",), "out_of_sample": ("held_out", "other")}
             rs = [r for r in batch if pick(r) and r["set"] in keep.get(subset, (r["set"],))]
             if rs:
-                summary[f"batch_{name}_{subset}"] = {
-                    "cases": len(rs),
-                    "mape_pct": _mape(rs),
-                    "naive_mape_pct": _mape(rs, "naive_ape_pct"),
-                }
+                summary[f"batch_{name}_{subset}"] = _figure(rs)
     # by the regime the predictor chose (what `predict` prints as its validated error)
     for regime in sorted({r["regime"] for r in batch if r["regime"]}):
         rs = [r for r in batch if r["regime"] == regime and r["set"] != "in_sample"]
         if rs:
-            summary[f"regime_{regime}"] = {
-                "cases": len(rs),
-                "mape_pct": _mape(rs),
-                "naive_mape_pct": _mape(rs, "naive_ape_pct"),
-            }
-    # the same, where both runs were steady (their own 95% intervals within STEADY_CI_PCT):
-    # what is left is the predictor's error, not the measurements' movement
+            summary[f"regime_{regime}"] = _figure(rs)
+    # the same, where both runs were steady (their own 95% intervals within STEADY_CI_PCT); a
+    # run's interval over its steps does not show how far the host drifts between processes
     for regime in sorted({r["regime"] for r in batch if r["regime"]}):
         rs = [r for r in batch if r["regime"] == regime and r["set"] != "in_sample" and _steady(r)]
         if rs:
@@ -367,11 +354,7 @@ def main() -> int:
     for lo, hi in ((1.9, 2.1), (3.9, 4.1), (7.9, 8.1)):
         rs = [r for r in batch if lo <= max(r["factor"], 1 / r["factor"]) <= hi]
         if rs:
-            summary[f"batch_x{round(hi)}"] = {
-                "cases": len(rs),
-                "mape_pct": _mape(rs),
-                "naive_mape_pct": _mape(rs, "naive_ape_pct"),
-            }
+            summary[f"batch_x{round(hi)}"] = _figure(rs)
     if gpus:
         print("\n1 GPU -> 2 GPUs (DDP, same host, all-reduce uncalibrated)")
         for r in gpus:
@@ -380,8 +363,7 @@ def main() -> int:
                   f"  2 GPUs predicted {r['predicted_samples_per_s']:8.0f} measured "
                   f"{r['measured_samples_per_s']:8.0f}  err {r['ape_pct']:4.1f}%  "
                   f"(x2: {r['naive_ape_pct']:4.1f}%)")  # fmt: skip
-        summary["gpus_1_to_2"] = {"cases": len(gpus), "mape_pct": _mape(gpus),
-                                  "naive_mape_pct": _mape(gpus, "naive_ape_pct")}  # fmt: skip
+        summary["gpus_1_to_2"] = _figure(gpus)
         steady = [r for r in gpus if _steady(r)]
         if steady:
             summary["gpus_1_to_2_steady"] = _figure(steady)
@@ -391,11 +373,7 @@ def main() -> int:
             print(f"  {r['workload']:<9} b{r['batch_size']:<4} w{r['from_workers']}->"
                   f"w{r['to_workers']:<3} predicted {r['predicted_samples_per_s']:8.0f} measured "
                   f"{r['measured_samples_per_s']:8.0f}  err {r['ape_pct']:5.1f}%")  # fmt: skip
-        summary["workers_predicted"] = {
-            "cases": len(worker_runs),
-            "mape_pct": _mape(worker_runs),
-            "naive_mape_pct": _mape(worker_runs, "naive_ape_pct"),
-        }
+        summary["workers_predicted"] = _figure(worker_runs)
         steady = [r for r in worker_runs if _steady(r)]
         if steady:
             summary["workers_predicted_steady"] = _figure(steady)
@@ -403,11 +381,7 @@ def main() -> int:
     if workers:
         steady = [r for r in workers if r["ci95_pct"] <= 10.0]
         for name, rs in (("workers", workers), ("workers_ci_le_10pct", steady)):
-            summary[name] = {
-                "cases": len(rs),
-                "mape_pct": _mape(rs),
-                "naive_mape_pct": _mape(rs, "naive_ape_pct"),
-            }
+            summary[name] = _figure(rs)
     averaged = averaged_cases(batch)
     for regime in sorted({r["regime"] for r in averaged if r["regime"]}):
         rs = [r for r in averaged if r["regime"] == regime]
@@ -434,8 +408,7 @@ def main() -> int:
             rs = [r for r in batch if pick(r["target_gpu_fill"]) and r["set"] != "in_sample"
                   and (r["factor"] - 1) * sign > 0]  # fmt: skip
             if rs:
-                summary[f"batch_{direction}_{name}"] = {"cases": len(rs), "mape_pct": _mape(rs),
-                    "naive_mape_pct": _mape(rs, "naive_ape_pct")}  # fmt: skip
+                summary[f"batch_{direction}_{name}"] = _figure(rs)
     if probes:
         print("\nhost issue probe (idle GPU) against the measured step")
         for r in probes:
@@ -454,11 +427,7 @@ def main() -> int:
             and (r["source_host_issue_s"] is not None) == probed
         ]
         if rs:
-            summary[name] = {
-                "cases": len(rs),
-                "mape_pct": _mape(rs),
-                "naive_mape_pct": _mape(rs, "naive_ape_pct"),
-            }
+            summary[name] = _figure(rs)
     print("\nMAPE (throughput; naive: unchanged samples/s, or doubled for 2 GPUs)")
     for name, t in summary.items():
         print(f"  {name:<18} {t['cases']:3d} cases  MAPE {t['mape_pct']:5.1f}%  "
