@@ -7,8 +7,12 @@
 #        predict_session.sh (the sources, each with a 5-step profiler window) and at half the
 #        smaller and twice the larger one (the targets, never used to build the model).
 #        BATCH_CASES="vit_b_16:32,64" overrides the list (workload:size,size,...).
-#        REPEATS=2 runs each twice (separate processes): predict_same_gpu.py's "repeats" row is
-#        then the spread between runs of one configuration, the floor under its other figures.
+#        REPEATS=3 runs the whole list three times over, interleaved (round 1 of every size,
+#        then round 2, ...; each run a separate process), so that the host's drift over minutes
+#        falls on every configuration alike; ROUNDS="3 4" names the rounds instead (a second
+#        call on the same warm machine goes on where the first stopped). predict_same_gpu.py's
+#        "repeats" row is then the spread between runs of one configuration, and its
+#        "*_averaged" rows score the median prediction against the median measurement.
 # gpus:  the same workloads on 1 GPU and as 2-GPU DDP (same per-GPU batch): the all-reduce model
 #        predicts the second from the first, uncalibrated (no pair of its own in the store).
 # Then python benchmarks/predict_same_gpu.py predict-ladder-*.tar.xz scores them.
@@ -43,14 +47,15 @@ for part in $PARTS; do
   echo "=== $part ($(date +%T))" >&2
   case $part in
     batch)
-      for w_sizes in ${BATCH_CASES:-resnet18:64,128,256,512 resnet50:32,64,128,256 \
-                     vgg16:16,32,64,128 vit_b_16:16,32,64,128 gpt2:2,4,8,16}; do
-        w=${w_sizes%%:*}
-        IFS=, read -r -a sizes <<< "${w_sizes##*:}"
-        for b in "${sizes[@]}"; do
-          if [ "${REPEATS:-1}" -gt 1 ]; then
-            for r in $(seq 1 "$REPEATS"); do REP=$r one "$w" "$b" 1 5; done
-          else one "$w" "$b" 1 5; fi
+      rounds=${ROUNDS:-$(seq 1 "${REPEATS:-1}")}
+      for r in $rounds; do
+        for w_sizes in ${BATCH_CASES:-resnet18:64,128,256,512 resnet50:32,64,128,256 \
+                       vgg16:16,32,64,128 vit_b_16:16,32,64,128 gpt2:2,4,8,16}; do
+          w=${w_sizes%%:*}
+          IFS=, read -r -a sizes <<< "${w_sizes##*:}"
+          for b in "${sizes[@]}"; do
+            if [ "$rounds" != 1 ]; then REP=$r one "$w" "$b" 1 5; else one "$w" "$b" 1 5; fi
+          done
         done
       done ;;
     gpus)

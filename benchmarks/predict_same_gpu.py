@@ -116,38 +116,43 @@ def batch_cases(points: list[dict]) -> list[dict]:
     return rows
 
 
-def averaged_cases(batch: list[dict]) -> list[dict]:
-    """Batch changes between configurations each run more than once on one ladder (REPEATS=2),
-    scored as a protocol of repeated runs would: the mean prediction from every run of the
-    source configuration against the mean of every run of the target. Against the single
-    cases of the same groups (`single_ape_pct`), what falls away is the runs' own movement."""
+def averaged_cases(rows: list[dict], sizes: tuple[str, str] = ("from_batch", "to_batch")):
+    """Changes between configurations each run more than once on one ladder (REPEATS), scored
+    as a protocol of repeated runs would: the median prediction from every run of the source
+    configuration against the median of every run of the target (for two runs, their means;
+    `mean_ape_pct` scores the means). Against the single cases of the same groups
+    (`single_ape_pct`), what falls away is the runs' own movement between processes. `sizes`
+    names the fields that tell the configurations apart (batch sizes, or worker counts)."""
     groups = defaultdict(lambda: (defaultdict(list), {}, {}, []))
-    for r in batch:
-        if r["set"] == "in_sample":
+    for r in rows:
+        if r.get("set") == "in_sample":
             continue
-        key = (r["origin"], r["workload"], r["from_batch"], r["to_batch"])
+        key = (r["origin"], r["workload"], r[sizes[0]], r[sizes[1]])
         preds, measured, sources, rows_in = groups[key]
         preds[r["from"]].append(r["predicted_samples_per_s"])
         measured[r["to"]] = r["measured_samples_per_s"]
         sources[r["from"]] = r["source_samples_per_s"]
         rows_in.append(r)
-    rows = []
-    for (origin, workload, b0, b1), (preds, measured, sources, rows_in) in groups.items():
+    out = []
+    for (origin, workload, s0, s1), (preds, measured, sources, rows_in) in groups.items():
         if len(preds) < 2 or len(measured) < 2:
             continue
-        predicted = statistics.mean(statistics.mean(v) for v in preds.values())
-        target = statistics.mean(measured.values())
-        regimes = {r["regime"] for r in rows_in}
-        rows.append({
-            "origin": origin, "workload": workload, "from_batch": b0, "to_batch": b1,
+        per_source = [statistics.mean(v) for v in preds.values()]
+        predicted = statistics.median(per_source)
+        target = statistics.median(measured.values())
+        mean_pair = (statistics.mean(per_source), statistics.mean(measured.values()))
+        regimes = {r.get("regime") for r in rows_in}
+        out.append({
+            "origin": origin, "workload": workload, sizes[0]: s0, sizes[1]: s1,
             "source_runs": len(preds), "target_runs": len(measured),
             "regime": regimes.pop() if len(regimes) == 1 else None,
             "predicted_samples_per_s": predicted, "measured_samples_per_s": target,
             "ape_pct": ape_pct(predicted, target),
-            "naive_ape_pct": ape_pct(statistics.mean(sources.values()), target),
+            "naive_ape_pct": ape_pct(statistics.median(sources.values()), target),
+            "mean_ape_pct": ape_pct(*mean_pair),
             "single_ape_pct": _mape(rows_in),
         })  # fmt: skip
-    return rows
+    return out
 
 
 def probe_rows(points: list[dict]) -> list[dict]:
@@ -245,11 +250,13 @@ def worker_record_cases(points: list[dict]) -> list[dict]:
                     continue
                 pred = predict_run(src["record"], Target(None, workers=tgt["workers"]))
                 rows.append({
-                    "gpu": gpu, "workload": workload, "batch_size": src["batch"],
+                    "gpu": gpu, "workload": workload, "origin": src["origin"],
+                    "batch_size": src["batch"],
                     "from_workers": src["workers"], "to_workers": tgt["workers"],
                     "from": src["run_id"], "to": tgt["run_id"],
                     "predicted_samples_per_s": pred.throughput_samples_per_s,
                     "measured_samples_per_s": tgt["tput"],
+                    "source_samples_per_s": src["tput"],
                     "ape_pct": ape_pct(pred.throughput_samples_per_s, tgt["tput"]),
                     "naive_ape_pct": ape_pct(src["tput"], tgt["tput"]),
                     "validated_error_pct": pred.validated_error_pct,
@@ -287,7 +294,11 @@ STEADY_CI_PCT = 5.0
 
 
 def _figure(rows: list[dict]) -> dict:
-    return _figure(rows)
+    return {
+        "cases": len(rows),
+        "mape_pct": _mape(rows),
+        "naive_mape_pct": _mape(rows, "naive_ape_pct"),
+    }
 
 
 def _steady(row: dict) -> bool:
@@ -377,6 +388,14 @@ def main() -> int:
         steady = [r for r in worker_runs if _steady(r)]
         if steady:
             summary["workers_predicted_steady"] = _figure(steady)
+        workers_averaged = averaged_cases(worker_runs, ("from_workers", "to_workers"))
+        if workers_averaged:
+            summary["workers_predicted_averaged"] = {
+                **_figure(workers_averaged),
+                "single_run_mape_pct": _mape(workers_averaged, "single_ape_pct"),
+            }
+    else:
+        workers_averaged = []
     workers = workers_cases(args.workers_json) if args.workers_json else []
     if workers:
         steady = [r for r in workers if r["ci95_pct"] <= 10.0]
@@ -443,6 +462,7 @@ def main() -> int:
             "host_issue_probes": probes,
             "repeat_cases": repeats,
             "averaged_cases": averaged,
+            "averaged_worker_cases": workers_averaged,
         }
         args.out.write_text(json.dumps(doc, indent=1, default=str))
     return 0

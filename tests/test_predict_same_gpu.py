@@ -86,3 +86,37 @@ def test_repeated_configurations_are_scored_on_their_means():
     # the single cases erred 11.1, 9.1, 22.2 and 0%: the runs' movement, averaged away
     assert case["single_ape_pct"] == pytest.approx((100 / 9 + 100 / 11 + 200 / 9) / 4)
     assert case["naive_ape_pct"] == pytest.approx(50.0)
+
+
+def test_three_runs_each_are_scored_median_against_median_and_worker_counts_too():
+    """With three processes of each configuration, one drifted process moves the median less
+    than the mean: `ape_pct` scores medians, `mean_ape_pct` means. Worker-count changes group
+    by `from_workers`/`to_workers` the same way."""
+    same_gpu = _module()
+
+    def row(src, tgt, predicted, measured):
+        return {
+            "origin": "ladder.tar.xz", "workload": "resnet50", "from_workers": 2,
+            "to_workers": 4, "from": src, "to": tgt, "predicted_samples_per_s": predicted,
+            "measured_samples_per_s": measured, "source_samples_per_s": 400.0,
+            "ape_pct": abs(predicted - measured) / measured * 100,
+        }  # fmt: skip
+
+    measured = {"b1": 800.0, "b2": 820.0, "b3": 600.0}  # b3: the host slowed that process
+    predicted = {"a1": 810.0, "a2": 790.0, "a3": 830.0}
+    rows = [row(a, b, p, m) for a, p in predicted.items() for b, m in measured.items()]
+    (case,) = same_gpu.averaged_cases(rows, ("from_workers", "to_workers"))
+    assert (case["from_workers"], case["to_workers"]) == (2, 4)
+    assert (case["source_runs"], case["target_runs"]) == (3, 3)
+    assert case["predicted_samples_per_s"] == pytest.approx(810.0)
+    assert case["measured_samples_per_s"] == pytest.approx(800.0)
+    assert case["ape_pct"] == pytest.approx(1.25)
+    assert case["mean_ape_pct"] == pytest.approx((810 - 740) / 740 * 100)
+    assert case["naive_ape_pct"] == pytest.approx(50.0)
+    assert case["single_ape_pct"] > case["ape_pct"]
+
+
+def test_a_summary_figure_counts_its_cases_and_both_errors():
+    same_gpu = _module()
+    rows = [{"ape_pct": 2.0, "naive_ape_pct": 10.0}, {"ape_pct": 4.0, "naive_ape_pct": 30.0}]
+    assert same_gpu._figure(rows) == {"cases": 2, "mape_pct": 3.0, "naive_mape_pct": 20.0}
