@@ -15,6 +15,7 @@
 #        "*_averaged" rows score the median prediction against the median measurement.
 # gpus:  the same workloads on 1 GPU and as 2-GPU DDP (same per-GPU batch): the all-reduce model
 #        predicts the second from the first, uncalibrated (no pair of its own in the store).
+#        REPEATS/ROUNDS interleave rounds here too (a 1-GPU and a 2-GPU run per case a round).
 # Then python benchmarks/predict_same_gpu.py predict-ladder-*.tar.xz scores them.
 set -uo pipefail
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 GPULENS_HOME=${GPULENS_HOME:-/tmp/gpulens-ladder}
@@ -60,10 +61,15 @@ for part in $PARTS; do
       done ;;
     gpus)
       if [ "$ngpu" -lt 2 ]; then echo "gpus: needs 2 GPUs, this machine has $ngpu" >&2; continue; fi
-      for case in ${GPUS_CASES:-resnet18:256 resnet50:128 vgg16:64 vit_b_16:64 gpt2:8}; do
-        w=${case%%:*} b=${case##*:}
-        one "$w" "$b" 1 0
-        VISIBLE=0,1 one "$w" "$b" 2 0
+      rounds=${ROUNDS:-$(seq 1 "${REPEATS:-1}")}
+      for r in $rounds; do
+        for case in ${GPUS_CASES:-resnet18:256 resnet50:128 vgg16:64 vit_b_16:64 gpt2:8}; do
+          w=${case%%:*} b=${case##*:}
+          if [ "$rounds" != 1 ]; then export REP=$r; fi
+          one "$w" "$b" 1 0
+          VISIBLE=0,1 one "$w" "$b" 2 0
+          unset REP
+        done
       done ;;
     *) echo "unknown part '$part': use batch or gpus" >&2 ;;
   esac

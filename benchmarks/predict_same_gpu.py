@@ -223,13 +223,16 @@ def gpus_cases(points: list[dict]) -> list[dict]:
             pred = predict_run(one["record"], Target(None, gpus=2))
             rows.append({
                 "gpu": one["gpu"], "workload": one["key"][0], "batch_size": one["batch"],
-                "from": one["run_id"], "to": two["run_id"],
-                "one_gpu_samples_per_s": one["tput"],
+                "origin": one["origin"], "to_gpus": 2, "from": one["run_id"], "to": two["run_id"],
+                "one_gpu_samples_per_s": one["tput"], "source_samples_per_s": one["tput"],
                 "predicted_samples_per_s": pred.throughput_samples_per_s,
                 "measured_samples_per_s": two["tput"],
                 "ape_pct": ape_pct(pred.throughput_samples_per_s, two["tput"]),
                 "naive_ape_pct": ape_pct(2 * one["tput"], two["tput"]),
                 "source_ci95_pct": one["ci95_pct"], "target_ci95_pct": two["ci95_pct"],
+                # the host's pace plus DDP's host time bound the prediction, not the GPU
+                "host_paced": "multi_gpu_host_paced" in pred.regimes,
+                "notes": list(pred.notes),
             })  # fmt: skip
     return rows
 
@@ -375,9 +378,21 @@ def main() -> int:
                   f"{r['measured_samples_per_s']:8.0f}  err {r['ape_pct']:4.1f}%  "
                   f"(x2: {r['naive_ape_pct']:4.1f}%)")  # fmt: skip
         summary["gpus_1_to_2"] = _figure(gpus)
+        for name, paced in (("host_paced", True), ("gpu_paced", False)):
+            rs = [r for r in gpus if r["host_paced"] == paced]
+            if rs:
+                summary[f"gpus_1_to_2_{name}"] = _figure(rs)
         steady = [r for r in gpus if _steady(r)]
         if steady:
             summary["gpus_1_to_2_steady"] = _figure(steady)
+        gpus_averaged = averaged_cases(gpus, ("batch_size", "to_gpus"))
+        if gpus_averaged:
+            summary["gpus_1_to_2_averaged"] = {
+                **_figure(gpus_averaged),
+                "single_run_mape_pct": _mape(gpus_averaged, "single_ape_pct"),
+            }
+    else:
+        gpus_averaged = []
     if worker_runs:
         print("\nloader workers (predict --workers, same GPU)")
         for r in worker_runs:
@@ -463,6 +478,7 @@ def main() -> int:
             "repeat_cases": repeats,
             "averaged_cases": averaged,
             "averaged_worker_cases": workers_averaged,
+            "averaged_gpus_cases": gpus_averaged,
         }
         args.out.write_text(json.dumps(doc, indent=1, default=str))
     return 0

@@ -334,11 +334,16 @@ def test_more_gpus_for_a_run_whose_host_sets_the_pace_are_held_to_the_host_and_d
     assert slow_host.components_s["compute"] + slow_host.components_s["communication"] == (
         pytest.approx(host_s + ddp_s)
     )
+    # the host, not the GPU, paces it: its own regime, and read against a second run's spread
+    assert "multi_gpu_host_paced" in slow_host.regimes
+    assert any("two runs of one such configuration differed by" in n for n in slow_host.notes)
     quick_host = predict_run(
         _with_host_probe(tmp_path, 256, 0.1 * phases["step"]), Target(None, gpus=2)
     )
     assert not any("DDP adds about" in n for n in quick_host.notes)
     assert quick_host.step_time_s < slow_host.step_time_s
+    assert quick_host.regimes == ("multi_gpu_same_gpu",)
+    assert not any("two runs of one such" in n for n in quick_host.notes)
     # on another GPU the host is another machine's: named, not applied
     other = predict_run(slow_run, Target("H100", gpus=2))  # the fixture ran on an H200
     assert any("may set the pace" in n for n in other.notes), other.notes

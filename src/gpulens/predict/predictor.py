@@ -335,12 +335,13 @@ def _loader_wait(
 
 def _ddp_host_floor(
     facts: RunFacts, target: Target, compute_s: float, comm_s: float, same_machine: bool
-) -> tuple[float, list[str]]:
+) -> tuple[float, list[str], bool]:
     """The compute time of a 1-GPU run's step as N-GPU DDP on its machine, at least the host's
-    pace plus DDP's own host work per step; a note where that floor binds."""
+    pace plus DDP's own host work per step; a note where that floor binds, and whether it
+    binds on the run's own machine (the host, not the GPU, paces the prediction)."""
     probe_s = facts.host_issue_s
     if target.total_gpus <= facts.gpus or facts.gpus != 1 or probe_s is None:
-        return compute_s, []
+        return compute_s, [], False
     # The host's pace lies between its probe (ten steps on an idle GPU after the run, none of
     # the run's bookkeeping) and the run's compute time per step (the host's pace only where
     # it set it). Both move from process to process; on five H200 pairs (28 cases) the probe
@@ -349,20 +350,28 @@ def _ddp_host_floor(
     ddp_s = ddp_host_issue_s(facts.workload)
     floor_s = host_s + ddp_s
     if floor_s <= compute_s + comm_s:
-        return compute_s, []
+        return compute_s, [], False
     host = (
         f"about {host_s * 1e3:.2f} ms to issue a step (between its probe, "
         f"{probe_s * 1e3:.2f} ms, and the run's {facts.compute_s * 1e3:.2f} ms)"
     )
     if not same_machine:  # another machine's host: its speed is not known
-        return compute_s, [
-            f"this host takes {host} and DDP adds about {ddp_s * 1e3:.1f} ms: the target's "
-            "host may set the pace"
-        ]
-    return floor_s - comm_s, [
-        f"the host takes {host} and DDP adds about {ddp_s * 1e3:.1f} ms to it: the host "
-        "sets the pace"
-    ]
+        return (
+            compute_s,
+            [
+                f"this host takes {host} and DDP adds about {ddp_s * 1e3:.1f} ms: the target's "
+                "host may set the pace"
+            ],
+            False,
+        )
+    return (
+        floor_s - comm_s,
+        [
+            f"the host takes {host} and DDP adds about {ddp_s * 1e3:.1f} ms to it: the host "
+            "sets the pace"
+        ],
+        True,
+    )
 
 
 def predict_run(record, target: Target, catalog: Path | None = None) -> Prediction:
@@ -407,10 +416,6 @@ def predict_run(record, target: Target, catalog: Path | None = None) -> Predicti
             regimes.append("batch_up" if target_gpu_bound else "batch_up_host_bound")
         else:
             regimes.append("batch_down_probed" if facts.host_issue_s is not None else "batch_down")
-    error = validation.error_pct(method, *regimes)
-    repeat_note = validation.run_to_run_note(regimes)
-    if fit_error is not None:
-        error = max(fit_error, error or 0.0)
     # Bookkeeping time goes with compute; a negative remainder (phase means that overlap
     # the step by a little) comes off the data wait, so the parts still add up to the step.
     overhead = facts.overhead_s
@@ -429,8 +434,15 @@ def predict_run(record, target: Target, catalog: Path | None = None) -> Predicti
             f"all-reduce of {comm.gradient_bytes / 1e6:.0f} MB gradients, exposed share "
             f"{comm.exposed_fraction:.2f} ({source})"
         )
-        compute, ddp_note = _ddp_host_floor(facts, target, compute, comm_tgt, same_machine)
+        compute, ddp_note, host_paced = _ddp_host_floor(
+            facts, target, compute, comm_tgt, same_machine
+        )
         notes += ddp_note
+        regimes += ["multi_gpu_host_paced"] * host_paced
+    error = validation.error_pct(method, *regimes)
+    repeat_note = validation.run_to_run_note(regimes)
+    if fit_error is not None:
+        error = max(fit_error, error or 0.0)
     h2d = facts.h2d_s * batch / facts.batch_size
     busy = compute + comm_tgt + h2d
     data_wait = max(0.0, facts.data_wait_s + min(overhead, 0.0))

@@ -102,6 +102,7 @@ VALIDATED: dict[str, Validated] = {
         "pace plus DDP's host time as a floor: resnet18, resnet50, vgg16, vit_b_16 (up to "
         "14%, on a pair whose runs had no probe), gpt2",
     ),
+    "multi_gpu_host_paced": Validated(None, 0, "placeholder until scored"),
     # Regimes whose error adds to the method's (the larger figure is shown).
     "host_bound": Validated(
         21.4,
@@ -131,7 +132,13 @@ HOST_PACED_REPEAT = Validated(
     11.2, 53, "the same host-paced configuration measured twice on one machine"
 )
 # Regimes whose measured runs are host- or loader-paced: their error is read against it.
-RUN_TO_RUN_REGIMES = ("batch_up_host_bound", "batch_down_probed", "batch_down", "workers")
+RUN_TO_RUN_REGIMES = (
+    "batch_up_host_bound",
+    "batch_down_probed",
+    "batch_down",
+    "workers",
+    "multi_gpu_host_paced",
+)
 
 
 def run_to_run_note(regimes: tuple[str, ...] | list[str]) -> str | None:
