@@ -186,6 +186,11 @@ def _gpu_fill(point: dict) -> float | None:
     return (point["kernel_s"] + point["gap_s"]) / point["step_s"]
 
 
+def _min_fill(a: dict, b: dict) -> float | None:
+    fills = (_gpu_fill(a), _gpu_fill(b))
+    return None if None in fills else min(fills)
+
+
 def repeat_rows(points: list[dict]) -> list[dict]:
     """Runs of one configuration repeated on one machine (`REPEATS=2 predict_ladder.sh`), each
     taking the other's throughput as its prediction: the spread between processes, a floor
@@ -204,7 +209,9 @@ def repeat_rows(points: list[dict]) -> list[dict]:
                         "from": a["run_id"], "to": b["run_id"],
                         "ape_pct": ape_pct(a["tput"], b["tput"]),
                         "kernel_share": _kernel_share(b),
-                        "gpu_fill": _gpu_fill(b),
+                        # GPU-paced only where both runs were: a pair of a host-paced and a
+                        # GPU-paced process of one configuration is the host's movement
+                        "gpu_fill": _min_fill(a, b),
                     })  # fmt: skip
     return rows
 

@@ -1,5 +1,5 @@
 """benchmarks/predict_same_gpu.py on the loader-workers ladder recorded on an H100: the figure
-committed (and held by `VALIDATED["workers"]`) is what `predict --workers` gives on its runs."""
+committed (part of `VALIDATED["workers"]`) is what `predict --workers` gives on its runs."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def test_the_workers_figure_is_predict_workers_on_the_committed_runs(tmp_path, m
     # three jobs, 4 + 4 + 2 worker counts: every run predicts the other runs of its job
     assert len(rows) == 12 + 12 + 2
     assert {r["workload"] for r in rows} == {"resnet50", "mobilenet_v3_small", "vit_b_16"}
-    (committed,) = RESULTS.glob("predict_same_gpu-workers-*.json")
+    (committed,) = RESULTS.glob("predict_same_gpu-workers-*-NVIDIA_H100_80GB_HBM3-*.json")
     figure = json.loads(committed.read_text())["summary"]["workers_predicted"]
     assert same_gpu._mape(rows) == pytest.approx(figure["mape_pct"], abs=0.01)
     # the rule beats keeping the source's throughput by an order of magnitude

@@ -345,7 +345,8 @@ def _ddp_host_floor(
     # The host's pace lies between its probe (ten steps on an idle GPU after the run, none of
     # the run's bookkeeping) and the run's compute time per step (the host's pace only where
     # it set it). Both move from process to process; on five H200 pairs (28 cases) the probe
-    # alone left host-paced pairs 12-14% too fast, the midpoint came within 3.7%.
+    # alone left host-paced pairs 12-14% too fast, the midpoint came within 3.7% (chosen
+    # there); host-paced pairs measured after it erred 11.8%, as much as their runs moved.
     host_s = 0.5 * (probe_s + facts.compute_s)
     ddp_s = ddp_host_issue_s(facts.workload)
     floor_s = host_s + ddp_s
