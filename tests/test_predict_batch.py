@@ -156,6 +156,21 @@ def test_a_probed_host_is_the_floor_of_a_smaller_batch(tmp_path):
     assert fast.step_time_s == pytest.approx(unprobed.step_time_s)
 
 
+def test_a_probe_longer_than_a_gpu_paced_step_is_held_to_that_step(tmp_path):
+    """A GPU-paced run's host issued every step within the step, so a probe that says it
+    takes longer (gpt2 b4 on an H200: probe 1.16-1.30x the step) is the probe's own movement:
+    a smaller batch is predicted no slower than the run's own step."""
+    source = _run(256)
+    step_s = 256 / _measured(256)
+    slow_probe = predict_run(
+        _with_host_probe(tmp_path, 256, 3 * step_s), Target(None, batch_size=64)
+    )
+    assert slow_probe.step_time_s == pytest.approx(step_s, rel=0.05)
+    assert slow_probe.step_time_s < 2 * step_s
+    assert any("held to the run's step" in n for n in slow_probe.notes)
+    assert source.meta["summary"].get("host_issue_s_per_step") is None
+
+
 def test_batch_size_without_a_profiler_window_names_the_fix(tmp_path):
     src = _run(128)
     dst = tmp_path / "run"
@@ -339,7 +354,7 @@ def test_more_gpus_for_a_run_whose_host_sets_the_pace_are_held_to_the_host_and_d
     from gpulens.predict.predictor import ddp_host_issue_s
 
     phases = _run(256).meta["summary"]["phases_s"]
-    probe_s = 1.1 * phases["step"]
+    probe_s = 0.9 * phases["compute"]
     slow_run = _with_host_probe(tmp_path, 256, probe_s)
     ddp_s = ddp_host_issue_s(slow_run.meta["effective_config"]["workload"])
     # the host's pace: between the probe and the run's own compute time per step
@@ -361,8 +376,15 @@ def test_more_gpus_for_a_run_whose_host_sets_the_pace_are_held_to_the_host_and_d
     assert quick_host.step_time_s < slow_host.step_time_s
     assert quick_host.regimes == ("multi_gpu_same_gpu",)
     assert not any("two runs of one such" in n for n in quick_host.notes)
-    # on another GPU the host is another machine's: named, not applied
-    other = predict_run(slow_run, Target("H100", gpus=2))  # the fixture ran on an H200
+    # a probe beyond the run's step is held to it: the host issued each step within it
+    over = predict_run(_with_host_probe(tmp_path, 256, 2 * phases["compute"]), Target(None, gpus=2))
+    assert over.components_s["compute"] + over.components_s["communication"] == (
+        pytest.approx(phases["compute"] + ddp_s)
+    )
+    # on another GPU the host is another machine's: named, not applied (the host-paced b64
+    # run, whose host took its whole step)
+    host_paced = _with_host_probe(tmp_path, 64, _run(64).meta["summary"]["phases_s"]["compute"])
+    other = predict_run(host_paced, Target("H100", gpus=2))  # the fixture ran on an H200
     assert any("may set the pace" in n for n in other.notes), other.notes
 
 

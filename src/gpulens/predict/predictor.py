@@ -236,12 +236,16 @@ def _batch_core(facts: RunFacts, core_s: float, batch: int, hw: roofline.Hardwar
             if facts.host_issue_s is not None:
                 # The host's launches do not shrink with the batch: the probe's time to
                 # issue a step on an idle GPU is the floor the GPU's shorter step cannot go under.
-                if facts.host_issue_s > new:
+                # In a GPU-paced run the host issued each step within the step, so a probe
+                # longer than that (it moves from process to process) is held to the step.
+                floor_s = min(facts.host_issue_s, core_s)
+                if floor_s > new:
+                    held = ", held to the run's step" * (floor_s < facts.host_issue_s)
                     note += (
-                        f"; the host takes {facts.host_issue_s * 1e3:.2f} ms to issue a step "
-                        "(probed after the measured steps): it sets the pace, as a floor"
+                        f"; the host takes {floor_s * 1e3:.2f} ms to issue a step (probed after "
+                        f"the measured steps{held}): it sets the pace, as a floor"
                     )
-                    return facts.host_issue_s, note, False
+                    return floor_s, note, False
             else:
                 # The profiler window cannot show the host's own time per step: under the
                 # profiler the host runs 1.3-2.5x slower (H100 ladder, 2026-11-26).
@@ -347,7 +351,8 @@ def _ddp_host_floor(
     # it set it). Both move from process to process; on five H200 pairs (28 cases) the probe
     # alone left host-paced pairs 12-14% too fast, the midpoint came within 3.7% (chosen
     # there); host-paced pairs measured after it erred 11.8%, as much as their runs moved.
-    host_s = 0.5 * (probe_s + facts.compute_s)
+    # The run issued each step within its step: a probe beyond that is held to it.
+    host_s = 0.5 * (min(probe_s, facts.compute_s) + facts.compute_s)
     ddp_s = ddp_host_issue_s(facts.workload)
     floor_s = host_s + ddp_s
     if floor_s <= compute_s + comm_s:
