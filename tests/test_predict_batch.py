@@ -257,7 +257,7 @@ def test_the_validated_figures_are_the_committed_measurements():
     from gpulens.predict.validation import VALIDATED
 
     results = Path(__file__).parents[1] / "benchmarks" / "results"
-    doc = json.loads(next(results.glob("predict_same_gpu-nineteen_ladders-*.json")).read_text())
+    doc = json.loads(next(results.glob("predict_same_gpu-twenty_ladders-*.json")).read_text())
     pairs = {
         "batch_up": "regime_batch_up",
         "batch_up_host_bound": "regime_batch_up_host_bound",

@@ -42,18 +42,19 @@ VALIDATED: dict[str, Validated] = {
         "unchanged: 9.1%)",
     ),
     "same_gpu": Validated(None, 0, "the measured GPU: only the all-reduce is modelled"),
-    # `python benchmarks/predict_same_gpu.py` on the nineteen committed ladders (8311ffd, e53fb43,
-    # cc33d08, 38f786c, 327af36, 6a4684a and 0e59411 2xH200, 838a8f6, 54700aa, 640a86a, e53fb43
-    # and beff460 H100, 2479648, fdd21ca, 027c26f, 8dd3a3a, 1115695, fc09bfb and 6a4684a H200;
-    # predict_same_gpu-nineteen_ladders-H100_H200-2026-11-26.json): every profiled run predicting
-    # the others of its workload at other batch sizes on its machine, the cases whose target is
-    # one of the 20 sizes the model was designed on left out; grouped by the regime `predict`
-    # chose. The latency bound of batch.py was chosen on 838a8f6, 8311ffd and 54700aa alone; the
-    # GPU-paced rule (kernels plus queued gaps) on the first nine. On the three measured after it
-    # (cc33d08, beff460, 8dd3a3a: other sizes, and mobilenet_v3_small, which no earlier ladder
-    # had; the FLOP cap of batch.py came from cc33d08's gpt2 b3) batch_up is 4.0% over 32
-    # (predict_same_gpu-three_ladders_after_rule-*). 1115695, fc09bfb and 6a4684a are host-paced
-    # configurations, measured after every rule.
+    # `python benchmarks/predict_same_gpu.py` on the twenty committed ladders (8311ffd, e53fb43,
+    # cc33d08, 38f786c, 327af36, 6a4684a and 0e59411 2xH200, 838a8f6, 54700aa, 640a86a, e53fb43 and
+    # beff460 H100, 2479648, fdd21ca, 027c26f, 8dd3a3a, 1115695, fc09bfb, 6a4684a and 6dfacd1 H200;
+    # predict_same_gpu-twenty_ladders-H100_H200-2026-11-26.json): every profiled run predicting the
+    # others of its workload at other batch sizes on its machine, the cases whose target is one of
+    # the 20 sizes the model was designed on left out; grouped by the regime `predict` chose. The
+    # latency bound of batch.py was chosen on 838a8f6, 8311ffd and 54700aa alone; the GPU-paced rule
+    # (kernels plus queued gaps) on the first nine. On the three measured after it (cc33d08,
+    # beff460, 8dd3a3a: other sizes, and mobilenet_v3_small, which no earlier ladder had; the FLOP
+    # cap of batch.py came from cc33d08's gpt2 b3) batch_up is 4.0% over 32
+    # (predict_same_gpu-three_ladders_after_rule-*). 1115695, fc09bfb, 6a4684a and 6dfacd1 are
+    # host-paced configurations, measured after every rule but the probe's hold (6dfacd1 after that
+    # too).
     "batch_up": Validated(
         4.8,
         97,
@@ -61,10 +62,10 @@ VALIDATED: dict[str, Validated] = {
         "resnet18/50, vgg16, vit_b_16, gpt2, mobilenet_v3_small bf16 on H100 and H200 machines",
     ),
     "batch_up_host_bound": Validated(
-        10.5,
-        284,
+        10.1,
+        327,
         "a larger batch on the same GPU whose host is predicted to still set the pace (the "
-        "same nineteen ladders; single runs, which move 12% from process to process)",
+        "same twenty ladders; single runs, which move 12% from process to process)",
     ),
     "batch_down": Validated(
         33.9,
@@ -73,8 +74,8 @@ VALIDATED: dict[str, Validated] = {
         "profiler window does not show (the host runs 1.3-2.5x slower under it), binds first",
     ),
     "batch_down_probed": Validated(
-        10.9,
-        335,
+        10.5,
+        378,
         "a smaller batch from a run that probed its host's issue time (x3/4 to x1/8, resnet18/50, "
         "vgg16, vit_b_16, gpt2, mobilenet_v3_small bf16 on four H100 and six H200): the probe "
         "is kept as the floor, held to the run's own step; a host-bound step ran 0.66-1.44x "
@@ -133,20 +134,21 @@ VALIDATED: dict[str, Validated] = {
 
 
 # Two processes of one host-paced configuration on one machine, each taking the other's
-# throughput as its prediction (the nineteen-ladder JSON's repeats_host_bound: the REPEATS
-# ladders 027c26f, e53fb43, 1115695, fc09bfb, 6a4684a and 0e59411). Where both runs' GPUs set
-# the pace: 2.3% (4).
+# throughput as its prediction (the twenty-ladder JSON's repeats_host_bound: the REPEATS
+# ladders 027c26f, e53fb43, 1115695, fc09bfb, 6a4684a, 0e59411 and 6dfacd1). Where both runs'
+# GPUs set the pace: 2.3% (4).
 HOST_PACED_REPEAT = Validated(
-    12.2, 160, "the same host-paced configuration measured more than once on one machine"
+    11.7, 188, "the same host-paced configuration measured more than once on one machine"
 )
 # The same host-paced predictions scored as a protocol of repeated runs: the median prediction
 # from 3-4 processes of the source configuration against the median of 3-4 processes of the
-# target, interleaved (6a4684a on one H200: 17 batch changes from the nineteen-ladder JSON's
-# averaged_cases, 4.6%; 12 worker-count changes from the workers JSON's, 5.6%). The same
-# cases scored run by run: 12.6%. The hold of a probe to the run's step (predictor) was added
-# after these runs were seen: 5.8% before it.
+# target, interleaved (the twenty-ladder JSON's averaged_cases with 3-4 runs a side: 6a4684a's
+# 17 batch changes, 4.6%, and 6dfacd1's 6, 4.3%; the workers JSON's 12 worker-count changes,
+# 5.6%). The same cases scored run by run: 11.7%. The hold of a probe to the run's step
+# (predictor) was added after 6a4684a's runs were seen (its 29: 5.8% before, 5.0% after);
+# 6dfacd1 was measured after it.
 HOST_PACED_MEDIANS = Validated(
-    5.0, 29, "host-paced batch and worker changes, median of 3-4 processes against median"
+    4.9, 35, "host-paced batch and worker changes, median of 3-4 processes against median"
 )
 # Regimes whose measured runs are host- or loader-paced: their error is read against it.
 RUN_TO_RUN_REGIMES = (
