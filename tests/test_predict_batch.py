@@ -381,6 +381,8 @@ def test_more_gpus_for_a_run_whose_host_sets_the_pace_are_held_to_the_host_and_d
     assert over.components_s["compute"] + over.components_s["communication"] == (
         pytest.approx(phases["compute"] + ddp_s)
     )
+    assert any("is held to it" in n for n in over.notes), over.notes
+    assert not any("is held to it" in n for n in slow_host.notes)
     # on another GPU the host is another machine's: named, not applied (the host-paced b64
     # run, whose host took its whole step)
     host_paced = _with_host_probe(tmp_path, 64, _run(64).meta["summary"]["phases_s"]["compute"])

@@ -360,6 +360,9 @@ def _ddp_host_floor(
     host = (
         f"about {host_s * 1e3:.2f} ms to issue a step (between its probe, "
         f"{probe_s * 1e3:.2f} ms, and the run's {facts.compute_s * 1e3:.2f} ms)"
+        if probe_s < facts.compute_s
+        else f"about {host_s * 1e3:.2f} ms to issue a step (the run's step; its probe, "
+        f"{probe_s * 1e3:.2f} ms, is held to it)"
     )
     if not same_machine:  # another machine's host: its speed is not known
         return (
