@@ -311,6 +311,11 @@ def _figure(rows: list[dict]) -> dict:
     }
 
 
+def _averaged_figure(rows: list[dict]) -> dict:
+    """A figure of `averaged_cases` rows, beside the mean error of their single cases."""
+    return {**_figure(rows), "single_run_mape_pct": _mape(rows, "single_ape_pct")}
+
+
 def _steady(row: dict) -> bool:
     cis = (row.get("source_ci95_pct"), row.get("target_ci95_pct"))
     return all(ci is not None and ci <= STEADY_CI_PCT for ci in cis)
@@ -394,10 +399,7 @@ def main() -> int:
             summary["gpus_1_to_2_steady"] = _figure(steady)
         gpus_averaged = averaged_cases(gpus, ("batch_size", "to_gpus"))
         if gpus_averaged:
-            summary["gpus_1_to_2_averaged"] = {
-                **_figure(gpus_averaged),
-                "single_run_mape_pct": _mape(gpus_averaged, "single_ape_pct"),
-            }
+            summary["gpus_1_to_2_averaged"] = _averaged_figure(gpus_averaged)
     else:
         gpus_averaged = []
     if worker_runs:
@@ -412,10 +414,7 @@ def main() -> int:
             summary["workers_predicted_steady"] = _figure(steady)
         workers_averaged = averaged_cases(worker_runs, ("from_workers", "to_workers"))
         if workers_averaged:
-            summary["workers_predicted_averaged"] = {
-                **_figure(workers_averaged),
-                "single_run_mape_pct": _mape(workers_averaged, "single_ape_pct"),
-            }
+            summary["workers_predicted_averaged"] = _averaged_figure(workers_averaged)
     else:
         workers_averaged = []
     workers = workers_cases(args.workers_json) if args.workers_json else []
@@ -426,10 +425,7 @@ def main() -> int:
     averaged = averaged_cases(batch)
     for regime in sorted({r["regime"] for r in averaged if r["regime"]}):
         rs = [r for r in averaged if r["regime"] == regime]
-        summary[f"regime_{regime}_averaged"] = {
-            **_figure(rs),
-            "single_run_mape_pct": _mape(rs, "single_ape_pct"),
-        }
+        summary[f"regime_{regime}_averaged"] = _averaged_figure(rs)
     if repeats:  # the same configuration twice: the floor under every figure above
         figure = _mape(repeats)  # a repeat's "naive" prediction is itself
         summary["repeats"] = {"cases": len(repeats), "mape_pct": figure, "naive_mape_pct": figure}
