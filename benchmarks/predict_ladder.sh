@@ -44,31 +44,28 @@ one() {  # workload batch gpus profiler-steps
     round(d['throughput_samples_per_s'] or 0, 1), 'samples/s')" "$GPULENS_HOME/$name.json" "$name" \
     2>/dev/null
 }
+rounds=${ROUNDS:-$(seq 1 "${REPEATS:-1}")}  # a lone round's runs carry no -r suffix
 for part in $PARTS; do
   echo "=== $part ($(date +%T))" >&2
   case $part in
     batch)
-      rounds=${ROUNDS:-$(seq 1 "${REPEATS:-1}")}
       for r in $rounds; do
+        REP=$([ "$rounds" != 1 ] && echo "$r")
         for w_sizes in ${BATCH_CASES:-resnet18:64,128,256,512 resnet50:32,64,128,256 \
                        vgg16:16,32,64,128 vit_b_16:16,32,64,128 gpt2:2,4,8,16}; do
           w=${w_sizes%%:*}
           IFS=, read -r -a sizes <<< "${w_sizes##*:}"
-          for b in "${sizes[@]}"; do
-            if [ "$rounds" != 1 ]; then REP=$r one "$w" "$b" 1 5; else one "$w" "$b" 1 5; fi
-          done
+          for b in "${sizes[@]}"; do one "$w" "$b" 1 5; done
         done
       done ;;
     gpus)
       if [ "$ngpu" -lt 2 ]; then echo "gpus: needs 2 GPUs, this machine has $ngpu" >&2; continue; fi
-      rounds=${ROUNDS:-$(seq 1 "${REPEATS:-1}")}
       for r in $rounds; do
+        REP=$([ "$rounds" != 1 ] && echo "$r")
         for case in ${GPUS_CASES:-resnet18:256 resnet50:128 vgg16:64 vit_b_16:64 gpt2:8}; do
           w=${case%%:*} b=${case##*:}
-          if [ "$rounds" != 1 ]; then export REP=$r; fi
           one "$w" "$b" 1 0
           VISIBLE=0,1 one "$w" "$b" 2 0
-          unset REP
         done
       done ;;
     *) echo "unknown part '$part': use batch or gpus" >&2 ;;

@@ -350,7 +350,7 @@ def _ddp_host_floor(
     # the run's bookkeeping) and the run's compute time per step (the host's pace only where
     # it set it). Both move from process to process; on five H200 pairs (28 cases) the probe
     # alone left host-paced pairs 12-14% too fast, the midpoint came within 3.7% (chosen
-    # there); host-paced pairs measured after it erred 11.8%, as much as their runs moved.
+    # there); host-paced pairs measured after it erred 11.3%, as much as their runs moved.
     # The run issued each step within its step: a probe beyond that is held to it.
     host_s = 0.5 * (min(probe_s, facts.compute_s) + facts.compute_s)
     ddp_s = ddp_host_issue_s(facts.workload)
@@ -365,22 +365,10 @@ def _ddp_host_floor(
         f"{probe_s * 1e3:.2f} ms, is held to it)"
     )
     if not same_machine:  # another machine's host: its speed is not known
-        return (
-            compute_s,
-            [
-                f"this host takes {host} and DDP adds about {ddp_s * 1e3:.1f} ms: the target's "
-                "host may set the pace"
-            ],
-            False,
-        )
-    return (
-        floor_s - comm_s,
-        [
-            f"the host takes {host} and DDP adds about {ddp_s * 1e3:.1f} ms to it: the host "
-            "sets the pace"
-        ],
-        True,
-    )
+        note = f"this host takes {host} and DDP adds about {ddp_s * 1e3:.1f} ms: the target's "
+        return compute_s, [note + "host may set the pace"], False
+    note = f"the host takes {host} and DDP adds about {ddp_s * 1e3:.1f} ms to it: the host "
+    return floor_s - comm_s, [note + "sets the pace"], True
 
 
 def predict_run(record, target: Target, catalog: Path | None = None) -> Prediction:
