@@ -5,6 +5,10 @@
 # `gpulens predict RUN --workers W` (the predictor itself, not a rule beside it).
 #   OUT=$OUT bash benchmarks/workers_ladder.sh             # one GPU, ~8 min
 #   WORKERS_CASES="resnet50:1,2,4,8" DURATION_S=20 REPEATS=2 ...
+# REPEATS=N runs the whole list N times over (round 1 of every count, then round 2, ...), so the
+# host's drift falls on every count alike; ROUNDS="3" names the rounds instead, to carry on in a
+# second call on the same warm machine (GPULENS_HOME keeps the first call's runs, and the
+# bundle holds them all). Each run's record holds the loader probe of --prep-timing.
 set -uo pipefail
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 GPULENS_HOME=${GPULENS_HOME:-/tmp/gpulens-workers}
 OUT=${OUT:-benchmarks/results}
@@ -19,7 +23,7 @@ start_s=$(date +%s)
 for case in ${WORKERS_CASES:-resnet50:1,2,4,8 mobilenet_v3_small:1,2,4,8}; do
   job=${case%%:*}
   IFS=, read -r -a counts <<< "${case##*:}"
-  for r in $(seq 1 "${REPEATS:-1}"); do
+  for r in ${ROUNDS:-$(seq 1 "${REPEATS:-1}")}; do
     for w in "${counts[@]}"; do
       name="workers-$job-w$w-r$r"
       if (( $(date +%s) - start_s > ${BUDGET_S:-420} )); then echo "$name skipped: budget" >&2; continue; fi
@@ -28,7 +32,9 @@ for case in ${WORKERS_CASES:-resnet50:1,2,4,8 mobilenet_v3_small:1,2,4,8}; do
         > "$GPULENS_HOME/$name.json" 2> "$GPULENS_HOME/$name.log" \
         || echo "$name failed: $(tail -1 "$GPULENS_HOME/$name.log")" >&2
       python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(sys.argv[2], \
-        round(d['throughput_samples_per_s'] or 0, 1), 'samples/s, +-', d.get('throughput_ci95_pct'), '%')" \
+        round(d['throughput_samples_per_s'] or 0, 1), 'samples/s, +-', d.get('throughput_ci95_pct'), '%'); \
+        p=json.load(open(d['record_dir']+'/run.json')).get('loader_scaling') or {}; \
+        print('  probe', dict(zip(p.get('processes',[]), [round(x) for x in p.get('samples_per_s_per_process',[])])))" \
         "$GPULENS_HOME/$name.json" "$name" 2>/dev/null
     done
   done

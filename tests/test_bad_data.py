@@ -89,7 +89,11 @@ def test_skipping_bad_images_keeps_full_batches_and_counts_them(tmp_path, good_i
         "tiny_cnn", data=str(root), device="cpu", steps=6, warmup_steps=2, batch_size=4,
         workers=1, skip_bad_samples=True, prep_timing=True,
     )  # fmt: skip
-    s = run_training(config, tmp_path / "runs").summary
+    result = run_training(config, tmp_path / "runs")
+    s = result.summary
+    # the loader probe after the run read samples too (bad ones among them): none is counted
+    scaling = json.loads((result.record_dir / "run.json").read_text())["loader_scaling"]
+    assert scaling["processes"][0] == 1 and min(scaling["samples_per_s_per_process"]) > 0
     # 8 steps of 4 from 16 files: both bad ones met at least once, each replaced
     assert s["skipped_samples"] >= 2
     assert s["skipped_files_total"] == 2

@@ -244,6 +244,29 @@ def test_workers_scale_a_loader_bound_run_until_the_gpu_binds(tmp_path):
     assert more.throughput_samples_per_s > rec.meta["summary"]["throughput_samples_per_s"]
 
 
+def test_the_loader_probe_slows_each_worker_where_the_host_runs_out_of_cores(tmp_path):
+    """A probe that saw one process's pace fall from 9 busy processes on (a host of 8 cores)
+    makes more workers deliver less than linearly, and says so; fewer workers, more."""
+    dest = _loader_bound(tmp_path)
+    meta = json.loads((dest / "run.json").read_text())
+    meta["loader_scaling"] = {
+        "processes": [1, 2, 4, 8, 12, 16],
+        "samples_per_s_per_process": [250.0, 250.0, 250.0, 250.0, 200.0, 150.0],
+        "window_s": 0.5,
+    }
+    (dest / "run.json").write_text(json.dumps(meta))
+    rec = read_record(dest)
+    step = rec.meta["summary"]["phases_s"]["step"]
+    # 15 workers + the training process = 16 busy (150/s each) against 6 busy (250/s)
+    fewer = predict_run(rec, Target(None, workers=5))
+    assert fewer.step_time_s == pytest.approx(3 * step * 150 / 250, rel=1e-6)
+    assert any("loader probe" in n and "+67% per worker" in n for n in fewer.notes)
+    # without a probe the same prediction is linear in the workers
+    plain = predict_run(read_record(_loader_bound(tmp_path / "plain")), Target(None, workers=5))
+    assert plain.step_time_s == pytest.approx(3 * step, rel=1e-6)
+    assert not any("loader probe" in n for n in plain.notes)
+
+
 def test_fewer_workers_of_a_run_whose_loader_kept_up_say_it_is_unknown():
     p = predict_run(read_record(JPEG), Target(None, workers=4))
     assert any("its own speed is not measured" in n and "--prep-timing" in n for n in p.notes)

@@ -202,7 +202,11 @@ def run(
         None, "--storage-bandwidth-mbps", hidden=True
     ),  # deprecated: --storage-bandwidth-mb-s
     prep_timing: bool = typer.Option(
-        False, "--prep-timing", help="Time read/decode/augment/collate in the loader workers."
+        False,
+        "--prep-timing",
+        help="Time read/decode/augment/collate in the loader workers; after the measured "
+        "window, also time the loader at several process counts (a few seconds), which "
+        "`gpulens predict --workers` uses.",
     ),
     gpus: int = typer.Option(
         1, "--gpus", help="Data-parallel (DDP) over N GPUs, one process each, same per-GPU batch."

@@ -26,6 +26,7 @@ from gpulens.predict.catalog import GpuSpec, find_gpu
 from gpulens.predict.communication import Communication, communication
 from gpulens.predict.features import RunFacts, gradient_tensors, model_size, run_facts
 from gpulens.predict.trace import read_kernels
+from gpulens.predict.workers import worker_pace_ratio
 
 log = logging.getLogger(__name__)
 
@@ -317,16 +318,18 @@ def _loader_wait(
     if facts.workers > 0 or loader_bound:
         capacity = _loader_capacity(record, facts, loader_bound)
     if capacity:
-        # each worker prepares samples at its measured pace; the loader's step is the batch
-        # at that pace times the workers
-        loader_step = batch / (capacity * workers / max(facts.workers, 1))
+        # each worker prepares samples at its measured pace, as the host's probe says that
+        # pace changes with the processes busy at once; the loader's step is the batch at
+        # that pace times the workers
+        pace, pace_notes = worker_pace_ratio(record.meta, facts.workers, workers)
+        loader_step = batch / (capacity * pace * workers / max(facts.workers, 1))
         if not loader_bound:
-            return max(data_wait_s, loader_step - busy_s), [], False
+            return max(data_wait_s, loader_step - busy_s), pace_notes, False
         note = (
             f"loader-bound run: {capacity:,.0f} samples/s from {facts.workers} workers, "
             f"scaled to {workers}"
         )
-        return max(0.0, loader_step - busy_s), [note], False
+        return max(0.0, loader_step - busy_s), [note, *pace_notes], False
     if workers < facts.workers or batch > facts.batch_size:
         note = (
             f"the loader kept up with {facts.workers} workers, its own speed is not measured "

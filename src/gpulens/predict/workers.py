@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from gpulens.data.loader_scaling import pace_at
 from gpulens.errors import UsageError
 
 log = logging.getLogger(__name__)
@@ -233,3 +234,22 @@ def allocation_frame(alloc: Allocation, curves: list[Curve]) -> pd.DataFrame:
             "even_samples_per_s": alloc.even_samples_per_s,
         }
     )
+
+
+def worker_pace_ratio(meta: dict, from_workers: int, to_workers: int) -> tuple[float, list[str]]:
+    """How one worker's pace at ``to_workers`` compares with its pace at ``from_workers``, from
+    the run's loader probe (``--prep-timing``), and a note; 1.0 where the run has no probe."""
+    scaling = meta.get("loader_scaling")
+    if from_workers == to_workers or not scaling:
+        return 1.0, []
+    # the training process is busy beside the workers (it launches the steps and pins the
+    # batches), so w workers keep w + 1 processes busy
+    before = pace_at(scaling, from_workers + 1)
+    after = pace_at(scaling, to_workers + 1)
+    ratio = after / before
+    note = (
+        f"the host's loader probe: one process prepares {after:,.0f} samples/s with "
+        f"{to_workers + 1} busy (workers and the training process), {before:,.0f} with "
+        f"{from_workers + 1} ({ratio - 1:+.0%} per worker)"
+    )
+    return ratio, [note]

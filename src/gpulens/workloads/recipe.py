@@ -149,6 +149,7 @@ class Prepared:
     # The effective config with what building learnt: the optimizer, the dataset, the length
     # of a paired cold run.
     effective: EffectiveTrainConfig
+    dataset: Any = None  # the loader's dataset (None for batches made on the device)
 
 
 def build_loader(
@@ -273,4 +274,5 @@ def prepare(
         batches = iter(loader)
         built.update(paired_facts(loader), dataset=describe_dataset(eff.data))
     step_fn = training_step(spec, model, optimizer, device, eff.precision)
-    return Prepared(step_fn, batches, memory_format, eff.with_built(**built))
+    dataset = None if eff.data == "synthetic" else loader.dataset
+    return Prepared(step_fn, batches, memory_format, eff.with_built(**built), dataset)

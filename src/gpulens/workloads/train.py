@@ -98,6 +98,8 @@ def _train(
             from gpulens.workloads.profile import profile_steps
 
             writer.update(torch_profiler=profile_steps(prepared, device, profiler_steps, run.dir))
+        if eff.prep_timing and eff.workers > 0 and prepared.dataset is not None:
+            writer.update(loader_scaling=_probe_loader_scaling(prepared))
     peak_mem = torch.cuda.max_memory_allocated(device) if cuda else None
     # The sampler's CPU share, and gpulens's own time on this training thread per step.
     costs = {
@@ -116,3 +118,21 @@ def _train(
         [nvml_index] if nvml_index is not None else [],
         [peak_mem],
     )
+
+
+def _probe_loader_scaling(prepared) -> dict[str, Any] | None:
+    """The loader's pace per process at several process counts (``predict --workers`` reads
+    it), after the measured window and with the run's own workers stopped first: they would
+    compete with the probe's processes."""
+    from gpulens.data.loader_scaling import probe_loader_scaling
+
+    # a DataLoader iterator's workers otherwise stop only when it is collected
+    stop_workers = getattr(prepared.batches, "_shutdown_workers", None)
+    if stop_workers is not None:
+        stop_workers()
+    log.info("timing the loader at several process counts (a few seconds)")
+    try:
+        return probe_loader_scaling(prepared.dataset)
+    except Exception as exc:  # the probe must never fail a finished run
+        log.warning("loader scaling probe failed: %s", exc)
+        return None
