@@ -3,7 +3,12 @@
 with their shapes, and the CUDA runtime calls' names and times); everything else of the records
 is kept as it is. Slimming a slimmed tarball again keeps it as it is.
 
-    python benchmarks/slim_records.py RECORDS.tgz OUT.tar.xz
+    python benchmarks/slim_records.py RECORDS.tgz OUT.tar.xz [--drop-loader-bound-prep-rows]
+
+With --drop-loader-bound-prep-rows, the per-sample prep rows (``series/prep_*.arrows``, most of a
+workers ladder's bytes) of runs that waited for their loader are dropped too: `predict` takes
+such a run's loader pace from its step, never from those rows. A note in ``runs/slimmed.json``
+lists the runs they were dropped from.
 
 OUT is xz-compressed where it ends in .tar.xz (a third smaller than gzip: the committed tree
 must stay under the 64 MiB the device copies), gzip otherwise.
@@ -48,19 +53,53 @@ def slim_trace(doc: dict) -> dict:
     return {**kept, "traceEvents": ops + device + runtime, "slimmed": "benchmarks/slim_records.py"}
 
 
-def main(src: str, dst: str) -> int:
+def loader_bound_runs(tin: tarfile.TarFile) -> set[str]:
+    """The record directories (member paths) whose run waited for its loader, as `predict`
+    judges it (data wait above LOADER_BOUND_SHARE of the step)."""
+    from gpulens.predict.predictor import LOADER_BOUND_SHARE
+
+    bound = set()
+    for member in tin.getmembers():
+        if member.isfile() and member.name.endswith("/run.json"):
+            phases = (json.load(tin.extractfile(member)).get("summary") or {}).get("phases_s")
+            wait, step = (phases or {}).get("data_wait"), (phases or {}).get("step")
+            if wait is not None and step and wait > LOADER_BOUND_SHARE * step:
+                bound.add(member.name.rsplit("/", 1)[0])
+    return bound
+
+
+def main(src: str, dst: str, drop_loader_bound_prep_rows: bool = False) -> int:
     with (
         tarfile.open(src) as tin,
         tarfile.open(dst, "w:xz" if dst.endswith(".tar.xz") else "w:gz") as tout,
     ):
+        bound = loader_bound_runs(tin) if drop_loader_bound_prep_rows else set()
+        dropped = set()
         for member in tin.getmembers():
+            head, _, name = member.name.rpartition("/series/")
+            if head in bound and name.startswith("prep_") and name.endswith(".arrows"):
+                dropped.add(head)
+                continue
             data = tin.extractfile(member).read() if member.isfile() else None
             if data is not None and member.name.endswith("torch_trace.json"):
                 data = json.dumps(slim_trace(json.loads(data)), separators=(",", ":")).encode()
                 member.size = len(data)
             tout.addfile(member, io.BytesIO(data) if data is not None else None)
+        if dropped:
+            note = {
+                "dropped": "series/prep_*.arrows (per-sample loader timing)",
+                "why": "loader-bound runs: predict reads their loader pace from the step",
+                "by": "benchmarks/slim_records.py --drop-loader-bound-prep-rows",
+                "runs": sorted(d.rsplit("/", 1)[-1] for d in dropped),
+            }
+            data = json.dumps(note, indent=1).encode()
+            info = tarfile.TarInfo("runs/slimmed.json")
+            info.size = len(data)
+            tout.addfile(info, io.BytesIO(data))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:3]))
+    args = sys.argv[1:]
+    flag = "--drop-loader-bound-prep-rows"
+    sys.exit(main(*[a for a in args if a != flag][:2], drop_loader_bound_prep_rows=flag in args))

@@ -40,6 +40,7 @@ for case in ${WORKERS_CASES:-resnet50:1,2,4,8 mobilenet_v3_small:1,2,4,8}; do
   done
 done
 tar czf "$GPULENS_HOME/full.tgz" -C "$GPULENS_HOME" runs
-python3 benchmarks/slim_records.py "$GPULENS_HOME/full.tgz" "$OUT/workers-ladder-$commit-$gpu-$day.tar.xz"
+python3 benchmarks/slim_records.py "$GPULENS_HOME/full.tgz" "$OUT/workers-ladder-$commit-$gpu-$day.tar.xz" \
+  --drop-loader-bound-prep-rows  # the per-sample rows are most of the bytes; see slim_records.py
 python3 benchmarks/predict_same_gpu.py "$OUT/workers-ladder-$commit-$gpu-$day.tar.xz" \
   --out "$OUT/predict_same_gpu-workers-$commit-$gpu-$day.json" || true

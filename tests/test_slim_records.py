@@ -67,3 +67,32 @@ def test_a_slimmed_record_predicts_the_same(tmp_path, monkeypatch, suffix):
     sizes = {n: (tmp_path / n / "runs" / RUN.name / "torch_trace.json").stat().st_size
              for n in ("full", "slim")}  # fmt: skip
     assert sizes["slim"] < 0.9 * sizes["full"]
+
+
+def test_prep_rows_go_only_from_loader_bound_runs_and_predictions_stay(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPULENS_HOME", str(tmp_path / "home"))
+    fixtures = Path(__file__).parent / "fixtures"
+    bound = fixtures / "stalls_h100_resnet50_s8" / "20261124-082105-01408d"  # waited, w8
+    kept_up = fixtures / "record_h100_resnet50_jpeg"  # its loader kept up
+    runs = tmp_path / "src" / "runs"
+    for run in (bound, kept_up):
+        shutil.copytree(run, runs / run.name)
+        (runs / run.name / "series" / "prep_w0_p1.arrows").write_bytes(b"rows")
+    bundle = tmp_path / "full.tgz"
+    with tarfile.open(bundle, "w:gz") as tar:
+        tar.add(runs, arcname="runs")
+    slim = tmp_path / "slim.tar.xz"
+    assert _slim_module().main(str(bundle), str(slim), drop_loader_bound_prep_rows=True) == 0
+    with tarfile.open(slim) as tar:
+        names = set(tar.getnames())
+        note = json.load(tar.extractfile("runs/slimmed.json"))
+        tar.extractall(tmp_path / "slim", filter="data")
+    assert f"runs/{bound.name}/series/prep_w0_p1.arrows" not in names
+    assert f"runs/{kept_up.name}/series/prep_w0_p1.arrows" in names
+    assert note["runs"] == [bound.name]
+    full, slimmed = (
+        read_record(runs / bound.name),
+        read_record(tmp_path / "slim" / "runs" / bound.name),
+    )
+    a, b = predict_run(full, Target(None, workers=4)), predict_run(slimmed, Target(None, workers=4))
+    assert b.step_time_s == a.step_time_s and b.notes == a.notes
