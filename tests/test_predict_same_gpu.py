@@ -30,7 +30,7 @@ def _module():
 def test_the_workers_figure_is_predict_workers_on_the_committed_runs(tmp_path, monkeypatch):
     same_gpu = _module()
     monkeypatch.setenv("GPULENS_HOME", str(tmp_path / "home"))
-    (ladder,) = RESULTS.glob("workers-ladder-*-NVIDIA_H100_80GB_HBM3-*.tar.xz")
+    (ladder,) = RESULTS.glob("workers-ladder-45b57da-NVIDIA_H100_80GB_HBM3-*.tar.xz")
     points = [p for p in map(same_gpu._point, same_gpu.load_records([ladder], tmp_path)) if p]
     for p in points:
         p["origin"] = ladder.name
@@ -38,7 +38,7 @@ def test_the_workers_figure_is_predict_workers_on_the_committed_runs(tmp_path, m
     # three jobs, 4 + 4 + 2 worker counts: every run predicts the other runs of its job
     assert len(rows) == 12 + 12 + 2
     assert {r["workload"] for r in rows} == {"resnet50", "mobilenet_v3_small", "vit_b_16"}
-    (committed,) = RESULTS.glob("predict_same_gpu-workers-*-NVIDIA_H100_80GB_HBM3-*.json")
+    (committed,) = RESULTS.glob("predict_same_gpu-workers-45b57da-NVIDIA_H100_80GB_HBM3-*.json")
     figure = json.loads(committed.read_text())["summary"]["workers_predicted"]
     assert same_gpu._mape(rows) == pytest.approx(figure["mape_pct"], abs=0.01)
     # the rule beats keeping the source's throughput by an order of magnitude

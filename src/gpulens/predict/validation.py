@@ -42,19 +42,19 @@ VALIDATED: dict[str, Validated] = {
         "unchanged: 9.1%)",
     ),
     "same_gpu": Validated(None, 0, "the measured GPU: only the all-reduce is modelled"),
-    # `python benchmarks/predict_same_gpu.py` on the twenty committed ladders (8311ffd, e53fb43,
-    # cc33d08, 38f786c, 327af36, 6a4684a and 0e59411 2xH200, 838a8f6, 54700aa, 640a86a, e53fb43 and
-    # beff460 H100, 2479648, fdd21ca, 027c26f, 8dd3a3a, 1115695, fc09bfb, 6a4684a and 6dfacd1 H200;
-    # predict_same_gpu-twenty_ladders-H100_H200-2026-11-26.json): every profiled run predicting the
-    # others of its workload at other batch sizes on its machine, the cases whose target is one of
-    # the 20 sizes the model was designed on left out; grouped by the regime `predict` chose. The
-    # latency bound of batch.py was chosen on 838a8f6, 8311ffd and 54700aa alone; the GPU-paced rule
-    # (kernels plus queued gaps) on the first nine. On the three measured after it (cc33d08,
-    # beff460, 8dd3a3a: other sizes, and mobilenet_v3_small, which no earlier ladder had; the FLOP
-    # cap of batch.py came from cc33d08's gpt2 b3) batch_up is 4.0% over 32
-    # (predict_same_gpu-three_ladders_after_rule-*). 1115695, fc09bfb, 6a4684a and 6dfacd1 are
-    # host-paced configurations, measured after every rule but the probe's hold (6dfacd1 after that
-    # too).
+    # `python benchmarks/predict_same_gpu.py` on the twenty-one committed ladders (8311ffd,
+    # e53fb43, cc33d08, 38f786c, 327af36, 6a4684a, 0e59411 and 573495b 2xH200, 838a8f6, 54700aa,
+    # 640a86a, e53fb43 and beff460 H100, 2479648, fdd21ca, 027c26f, 8dd3a3a, 1115695, fc09bfb,
+    # 6a4684a and 6dfacd1 H200; predict_same_gpu-twenty_one_ladders-H100_H200-2026-11-26.json):
+    # every profiled run predicting the others of its workload at other batch sizes on its
+    # machine, the cases whose target is one of the 20 sizes the model was designed on left out;
+    # grouped by the regime `predict` chose. The latency bound of batch.py was chosen on 838a8f6,
+    # 8311ffd and 54700aa alone; the GPU-paced rule (kernels plus queued gaps) on the first nine.
+    # On the three measured after it (cc33d08, beff460, 8dd3a3a: other sizes, and
+    # mobilenet_v3_small, which no earlier ladder had; the FLOP cap of batch.py came from
+    # cc33d08's gpt2 b3) batch_up is 4.0% over 32 (predict_same_gpu-three_ladders_after_rule-*).
+    # 1115695, fc09bfb, 6a4684a and 6dfacd1 are host-paced configurations, measured after every
+    # rule but the probe's hold (6dfacd1 after that too).
     "batch_up": Validated(
         4.8,
         97,
@@ -65,7 +65,7 @@ VALIDATED: dict[str, Validated] = {
         10.1,
         327,
         "a larger batch on the same GPU whose host is predicted to still set the pace (the "
-        "same twenty ladders; single runs, which move 12% from process to process)",
+        "same twenty-one ladders; single runs, which move 12% from process to process)",
     ),
     "batch_down": Validated(
         33.9,
@@ -81,23 +81,25 @@ VALIDATED: dict[str, Validated] = {
         "is kept as the floor, held to the run's own step; a host-bound step ran 0.66-1.44x "
         "the probe from run to run",
     ),
-    # `benchmarks/workers_ladder.sh` on an H100 and an H200 (predict_same_gpu-workers-two_ladders-
-    # H100_H200-*.json): `predict --workers` itself, each run of a job with its JPEG loader
-    # predicting the others.
+    # `benchmarks/workers_ladder.sh` on two H100 and two H200 machines (predict_same_gpu-workers-
+    # four_ladders-H100_H200-*.json): `predict --workers` itself, each run of a job with its JPEG
+    # loader predicting the others. The later two (573495b H200, 91cdf8c H100) carry the loader
+    # probe, designed before either was measured: on 573495b it took the figure from 13.4% to
+    # 8.8% (12.3 -> 5.9% median against median), on 91cdf8c from 13.1% to 12.0%.
     "workers": Validated(
-        13.3,
-        134,
-        "loader workers 1/2/4/8, resnet50, mobilenet_v3_small and vit_b_16 bf16 with their JPEG "
-        "loaders on an H100, resnet50 three times over on an H200 (predict --workers on every "
-        "other run of the job); two runs of one worker count differed by 14.6%",
+        10.5,
+        454,
+        "loader workers 1-12, resnet50, mobilenet_v3_small and vit_b_16 bf16 with their JPEG "
+        "loaders on two H100 and two H200 machines (predict --workers on every other run of the "
+        "job); two runs of one worker count differed by 9.4%",
     ),
     # The same ladders' 2-GPU parts (seven H200 pairs, 46 cases), split by whether the host's
     # floor bound the prediction (_ddp_host_floor). DDP's host time per gradient tensor
     # (predictor.ddp_host_issue_s) was fitted on the plain loop of ddp_overhead.sh, not on
     # these; the host's pace as the midpoint of probe and step was chosen on the 28 pairs
-    # before 6a4684a: 3.7% on its 11 host-paced pairs there, 11.3% on the 17 measured after it
-    # (6a4684a, 0e59411), whose 2-GPU runs moved 6-37% between rounds. A probe longer than the
-    # run's step is held to the step (session 21, seen on these data: 8.6 -> 8.4%).
+    # before 6a4684a: 3.7% on its 11 host-paced pairs there, 11.2% on the 53 measured after it
+    # (6a4684a, 0e59411, 573495b), whose 2-GPU runs moved 6-37% between rounds. A probe longer
+    # than the run's step is held to the step (session 21, seen on 6a4684a and 0e59411).
     "multi_gpu_same_gpu": Validated(
         3.6,
         18,
@@ -105,10 +107,10 @@ VALIDATED: dict[str, Validated] = {
         "uncalibrated: resnet18, resnet50, vgg16, vit_b_16, gpt2",
     ),
     "multi_gpu_host_paced": Validated(
-        8.4,
-        28,
+        10.0,
+        64,
         "1 -> 2 GPUs on H200 pairs where the host's pace plus DDP's host time per gradient "
-        "tensor bound the step (11.3% on the 17 pairs measured after that rule; 3.7% on "
+        "tensor bound the step (11.2% on the 53 pairs measured after that rule; 3.7% on "
         "the 11 it was chosen on)",
     ),
     # Regimes whose error adds to the method's (the larger figure is shown).
@@ -134,7 +136,7 @@ VALIDATED: dict[str, Validated] = {
 
 
 # Two processes of one host-paced configuration on one machine, each taking the other's
-# throughput as its prediction (the twenty-ladder JSON's repeats_host_bound: the REPEATS
+# throughput as its prediction (the twenty-one-ladder JSON's repeats_host_bound: the REPEATS
 # ladders 027c26f, e53fb43, 1115695, fc09bfb, 6a4684a, 0e59411 and 6dfacd1). Where both runs'
 # GPUs set the pace: 2.3% (4).
 HOST_PACED_REPEAT = Validated(
@@ -142,13 +144,15 @@ HOST_PACED_REPEAT = Validated(
 )
 # The same host-paced predictions scored as a protocol of repeated runs: the median prediction
 # from 3-4 processes of the source configuration against the median of 3-4 processes of the
-# target, interleaved (the twenty-ladder JSON's averaged_cases with 3-4 runs a side: 6a4684a's
-# 17 batch changes, 4.6%, and 6dfacd1's 6, 4.3%; the workers JSON's 12 worker-count changes,
-# 5.6%). The same cases scored run by run: 11.7%. The hold of a probe to the run's step
-# (predictor) was added after 6a4684a's runs were seen (its 29: 5.8% before, 5.0% after);
-# 6dfacd1 was measured after it.
+# target, interleaved (the twenty-one-ladder JSON's averaged cases with 3-4 runs a side: 23
+# batch changes, 4.6%, and 573495b's four 1 -> 2 GPU pairs, 8.1%; the workers JSON's 42
+# worker-count changes, 5.8%). The same cases scored run by run: 10.4%. The hold of a probe to
+# the run's step (predictor) was added after 6a4684a's runs were seen (its 29: 5.8% before,
+# 5.0% after); 6dfacd1, 573495b and the loader probe's ladder were measured after it.
 HOST_PACED_MEDIANS = Validated(
-    4.9, 35, "host-paced batch and worker changes, median of 3-4 processes against median"
+    5.5,
+    69,
+    "host-paced batch, worker and 1 -> 2 GPU changes, median of 3-4 processes against median",
 )
 # Regimes whose measured runs are host- or loader-paced: their error is read against it.
 RUN_TO_RUN_REGIMES = (
