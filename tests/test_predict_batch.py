@@ -260,7 +260,7 @@ def test_the_loader_probe_slows_each_worker_where_the_host_runs_out_of_cores(tmp
     # 15 workers + the training process = 16 busy (150/s each) against 6 busy (250/s)
     fewer = predict_run(rec, Target(None, workers=5))
     assert fewer.step_time_s == pytest.approx(3 * step * 150 / 250, rel=1e-6)
-    assert any("loader probe" in n and "+67% per worker" in n for n in fewer.notes)
+    assert any("loader probe" in n and "scaled by 1.67" in n for n in fewer.notes)
     # without a probe the same prediction is linear in the workers
     plain = predict_run(read_record(_loader_bound(tmp_path / "plain")), Target(None, workers=5))
     assert plain.step_time_s == pytest.approx(3 * step, rel=1e-6)

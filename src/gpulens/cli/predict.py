@@ -65,7 +65,10 @@ def predict(
         "after the measured steps) is the floor.",
     ),
     workers: int = typer.Option(
-        None, "--workers", help="Data-loader workers per GPU [default: the run's]."
+        None,
+        "--workers",
+        help="Data-loader workers per GPU [default: the run's]. From a run with --prep-timing, "
+        "each worker's pace follows the run's loader probe (how it falls as more share the host).",
     ),
     nodes: int = typer.Option(1, "--nodes", help="Nodes (hosts)."),
     network_gbps: float = typer.Option(

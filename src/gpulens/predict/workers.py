@@ -248,8 +248,9 @@ def worker_pace_ratio(meta: dict, from_workers: int, to_workers: int) -> tuple[f
     after = pace_at(scaling, to_workers + 1)
     ratio = after / before
     note = (
-        f"the host's loader probe: one process prepares {after:,.0f} samples/s with "
-        f"{to_workers + 1} busy (workers and the training process), {before:,.0f} with "
-        f"{from_workers + 1} ({ratio - 1:+.0%} per worker)"
+        f"the run's loader probe: one process prepared {after:,.0f} samples/s with "
+        f"{to_workers + 1} processes busy ({to_workers} workers and the training process) "
+        f"against {before:,.0f} with {from_workers + 1}: each worker's pace scaled by "
+        f"{ratio:.2f}"
     )
     return ratio, [note]
