@@ -7,7 +7,12 @@ import time
 
 import pytest
 
-from gpulens.data.loader_scaling import pace_at, probe_counts, probe_loader_scaling
+from gpulens.data.loader_scaling import (
+    non_increasing,
+    pace_at,
+    probe_counts,
+    probe_loader_scaling,
+)
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +38,16 @@ def test_pace_is_linear_between_counts_and_time_sliced_past_the_last():
     assert pace_at(scaling, 12) == pytest.approx(80)
     # 16 processes share the cores 32 processes want: each gets half of its pace at 16
     assert pace_at(scaling, 32) == pytest.approx(30)
+
+
+def test_a_probe_point_above_an_earlier_one_is_pooled_with_it():
+    # more processes busy cannot make each faster: 120 after 100 is the windows' noise
+    assert non_increasing([100, 120, 90]) == [110, 110, 90]
+    assert non_increasing([200, 150, 160, 170, 100]) == [200, 160, 160, 160, 100]
+    assert non_increasing([3, 2, 1]) == [3, 2, 1]
+    scaling = {"processes": [1, 2, 4], "samples_per_s_per_process": [100, 120, 90]}
+    assert pace_at(scaling, 2) == pytest.approx(110)
+    assert scaling["samples_per_s_per_process"] == [100, 120, 90]  # the record keeps its points
 
 
 def test_the_probe_times_the_dataset_without_adding_to_the_runs_rows(images, tmp_path):

@@ -113,11 +113,25 @@ def probe_loader_scaling(
     return {"processes": counts, "samples_per_s_per_process": paces, "window_s": window_s}
 
 
+def non_increasing(values: list[float]) -> list[float]:
+    """The closest non-increasing sequence (least squares; pool adjacent violators): more
+    processes busy at once cannot make each faster, so a probe point above an earlier one is
+    its window's noise (one 0.5 s pace moves by about a fifth from run to run)."""
+    blocks: list[list[float]] = []  # [mean, count]
+    for v in values:
+        blocks.append([float(v), 1.0])
+        while len(blocks) > 1 and blocks[-2][0] < blocks[-1][0]:
+            (m1, n1), (m2, n2) = blocks[-2], blocks.pop()
+            blocks[-1] = [(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2]
+    return [m for m, n in blocks for _ in range(int(n))]
+
+
 def pace_at(scaling: dict[str, Any], processes: float) -> float:
-    """One process's samples/s with ``processes`` busy at once: linear between probed counts;
-    past the last, that count's processes shared among more (time slicing)."""
+    """One process's samples/s with ``processes`` busy at once, from the probe made
+    non-increasing: linear between probed counts; past the last, that count's processes
+    shared among more (time slicing)."""
     counts = scaling["processes"]
-    paces = scaling["samples_per_s_per_process"]
+    paces = non_increasing(scaling["samples_per_s_per_process"])
     if processes <= counts[0]:
         return float(paces[0])
     for i in range(1, len(counts)):
