@@ -87,7 +87,7 @@ def test_skipping_bad_images_keeps_full_batches_and_counts_them(tmp_path, good_i
     (root / "class_002" / "img_0000002.jpg").write_text("not an image")
     config = TrainConfig(
         "tiny_cnn", data=str(root), device="cpu", steps=6, warmup_steps=2, batch_size=4,
-        workers=1, skip_bad_samples=True, prep_timing=True,
+        workers=1, skip_bad_samples=True, prep_timing=True, loader_probe=True,
     )  # fmt: skip
     result = run_training(config, tmp_path / "runs")
     s = result.summary

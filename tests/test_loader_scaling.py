@@ -91,3 +91,22 @@ def test_the_pace_is_the_datasets_own():
 
 def test_a_dataset_that_fails_gives_no_probe():
     assert probe_loader_scaling(_Slow(0.0, fail=True), cpus=2, window_s=0.1) is None
+
+
+def test_only_a_one_process_run_that_asks_probes_its_loader(images):
+    """`gpulens run --prep-timing` asks for the probe; the several runs of `gpulens stalls` time
+    their prep without it (a few seconds each); no loader or no workers, nothing to probe."""
+    import torch
+
+    from gpulens.workloads.config import TrainConfig, resolve_config
+    from gpulens.workloads.models import get_workload
+
+    spec, cpu = get_workload("tiny_cnn"), torch.device("cpu")
+
+    def probes(**kw) -> bool:
+        return resolve_config(TrainConfig("tiny_cnn", device="cpu", **kw), spec, cpu).loader_probe
+
+    assert probes(data=str(images), workers=2, prep_timing=True, loader_probe=True)
+    assert not probes(data=str(images), workers=2, prep_timing=True)
+    assert not probes(data=str(images), workers=0, prep_timing=True, loader_probe=True)
+    assert not probes(data="synthetic", loader_probe=True)

@@ -295,6 +295,7 @@ def run(
         sample_hz=sample_hz,
         name=name,
         prep_timing=prep_timing,
+        loader_probe=prep_timing,
         gpus=gpus,
         nccl_transport=nccl_transport,
         ddp_bucket_mb=ddp_bucket_mb,

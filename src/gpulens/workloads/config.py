@@ -53,6 +53,10 @@ class TrainConfig:
     storage_bandwidth_bytes_per_s: float | None = None
     # Time read, decode, augment and collate in the loader workers (series prep_w*).
     prep_timing: bool = False
+    # After the measured window, time the dataset at 1..N concurrent processes (loader_scaling
+    # in run.json, for `predict --workers`; a few seconds, so `gpulens run --prep-timing` asks
+    # for it and the several runs of `gpulens stalls` do not).
+    loader_probe: bool = False
     # Data-parallel training (DDP): one process per GPU, each with ``batch_size`` samples.
     gpus: int = 1
     # NCCL transport between the GPUs: "default" (P2P/NVLink where NCCL finds it) or "socket"
@@ -185,6 +189,7 @@ class EffectiveTrainConfig:
     storage_latency_s: float
     storage_bandwidth_bytes_per_s: float | None
     prep_timing: bool
+    loader_probe: bool
     gpus: int
     nccl_transport: str
     ddp_bucket_mb: float | None
@@ -292,6 +297,12 @@ def resolve_config(config: TrainConfig, spec: WorkloadSpec, device: Any) -> Effe
         storage_latency_s=config.storage_latency_s,
         storage_bandwidth_bytes_per_s=config.storage_bandwidth_bytes_per_s,
         prep_timing=config.prep_timing,
+        # the probe runs in a one-process run only (train.py, not the DDP launcher)
+        loader_probe=config.loader_probe
+        and workers > 0
+        and config.data != "synthetic"
+        and config.gpus == 1
+        and not config.nodes,
         gpus=config.gpus,
         nccl_transport=config.nccl_transport,
         ddp_bucket_mb=config.ddp_bucket_mb,
