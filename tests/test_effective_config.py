@@ -21,6 +21,7 @@ RECORDS = [
 LATER_SETTINGS = {
     "worker_affinity", "paired_cold_block", "skip_bad_samples", "storage_latency_s",
     "storage_bandwidth_bytes_per_s", "prep_timing", "gpus", "nccl_transport", "ddp_bucket_mb",
+    "loader_probe",
 }  # fmt: skip
 
 
