@@ -70,7 +70,7 @@ def probe_loader_scaling(
     "window_s"}`` (the median process at each ``k``); None when the probe could not run."""
     cpus = cpus or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
     n = len(dataset)
-    if n == 0 or cpus < 1:
+    if n == 0:
         return None
     probe_set = _untimed(dataset)
     pool = random.Random(seed).sample(range(n), min(POOL_SAMPLES, n))

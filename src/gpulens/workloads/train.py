@@ -98,7 +98,7 @@ def _train(
             from gpulens.workloads.profile import profile_steps
 
             writer.update(torch_profiler=profile_steps(prepared, device, profiler_steps, run.dir))
-        if eff.loader_probe and prepared.dataset is not None:
+        if eff.loader_probe:  # resolved true only for a run with a loader and its workers
             writer.update(loader_scaling=_probe_loader_scaling(prepared))
     peak_mem = torch.cuda.max_memory_allocated(device) if cuda else None
     # The sampler's CPU share, and gpulens's own time on this training thread per step.
