@@ -4,7 +4,7 @@
 # predict_same_gpu.py, which predicts every run from every other of its job with
 # `gpulens predict RUN --workers W` (the predictor itself, not a rule beside it).
 #   OUT=$OUT bash benchmarks/workers_ladder.sh             # one GPU, ~8 min
-#   WORKERS_CASES="resnet50:1,2,4,8" DURATION_S=20 REPEATS=2 ...
+#   WORKERS_CASES="resnet50:1,2,4,8" DURATION_S=20 REPEATS=2 SCORE=0 ...
 # REPEATS=N runs the whole list N times over (round 1 of every count, then round 2, ...), so the
 # host's drift falls on every count alike; ROUNDS="3" names the rounds instead, to carry on in a
 # second call on the same warm machine (GPULENS_HOME keeps the first call's runs, and the
@@ -45,5 +45,6 @@ done
 tar czf "$GPULENS_HOME/full.tgz" -C "$GPULENS_HOME" runs
 python3 benchmarks/slim_records.py "$GPULENS_HOME/full.tgz" "$OUT/workers-ladder-$commit-$gpu-$day.tar.xz" \
   --drop-loader-bound-prep-rows  # the per-sample rows are most of the bytes; see slim_records.py
+[ "${SCORE:-1}" = 0 ] && exit 0  # SCORE=0: score the bundle elsewhere (a call's seconds)
 python3 benchmarks/predict_same_gpu.py "$OUT/workers-ladder-$commit-$gpu-$day.tar.xz" \
   --out "$OUT/predict_same_gpu-workers-$commit-$gpu-$day.json" || true
