@@ -8,8 +8,8 @@
 # REPEATS=N runs the whole list N times over (round 1 of every count, then round 2, ...), so the
 # host's drift falls on every count alike; ROUNDS="3" names the rounds instead, to carry on in a
 # second call on the same warm machine (GPULENS_HOME keeps the first call's runs, and the
-# bundle holds them all). Each run's record holds the loader probes of --prep-timing
-# (benchmarks/probe_variants.py makes copies without them, to score each probe's share).
+# bundle holds them all). Each run's record holds the loader probe of --prep-timing
+# (benchmarks/probe_variants.py makes a copy without it, to score the probe's share).
 set -uo pipefail
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 GPULENS_HOME=${GPULENS_HOME:-/tmp/gpulens-workers}
 OUT=${OUT:-benchmarks/results}
@@ -34,10 +34,8 @@ for case in ${WORKERS_CASES:-resnet50:1,2,4,8 mobilenet_v3_small:1,2,4,8}; do
         || echo "$name failed: $(tail -1 "$GPULENS_HOME/$name.log")" >&2
       python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(sys.argv[2], \
         round(d['throughput_samples_per_s'] or 0, 1), 'samples/s, +-', d.get('throughput_ci95_pct'), '%'); \
-        m=json.load(open(d['record_dir']+'/run.json')); p=m.get('loader_scaling') or {}; \
-        q=m.get('loader_pipeline_scaling') or {}; \
-        print('  processes', dict(zip(p.get('processes',[]), [round(x) for x in p.get('samples_per_s_per_process',[])]))); \
-        print('  pipeline ', dict(zip(q.get('workers',[]), [round(x) for x in q.get('samples_per_s_per_worker',[])])))" \
+        p=json.load(open(d['record_dir']+'/run.json')).get('loader_scaling') or {}; \
+        print('  probe', dict(zip(p.get('processes',[]), [round(x) for x in p.get('samples_per_s_per_process',[])])))" \
         "$GPULENS_HOME/$name.json" "$name" 2>/dev/null
     done
   done

@@ -91,11 +91,9 @@ def test_skipping_bad_images_keeps_full_batches_and_counts_them(tmp_path, good_i
     )  # fmt: skip
     result = run_training(config, tmp_path / "runs")
     s = result.summary
-    # the loader probes after the run read samples too (bad ones among them): none is counted
+    # the loader probe after the run read samples too (bad ones among them): none is counted
     scaling = json.loads((result.record_dir / "run.json").read_text())["loader_scaling"]
     assert scaling["processes"][0] == 1 and min(scaling["samples_per_s_per_process"]) > 0
-    pipeline = json.loads((result.record_dir / "run.json").read_text())["loader_pipeline_scaling"]
-    assert pipeline["workers"][0] == 1 and min(pipeline["samples_per_s_per_worker"]) > 0
     # 8 steps of 4 from 16 files: both bad ones met at least once, each replaced
     assert s["skipped_samples"] >= 2
     assert s["skipped_files_total"] == 2

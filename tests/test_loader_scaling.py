@@ -10,10 +10,8 @@ import pytest
 from gpulens.data.loader_scaling import (
     non_increasing,
     pace_at,
-    pipeline_counts,
     probe_counts,
     probe_loader_scaling,
-    probe_pipeline_scaling,
 )
 
 
@@ -32,17 +30,14 @@ def test_the_counts_run_from_one_process_to_every_cpu():
     assert probe_counts(16) == [1, 2, 4, 6, 8, 10, 12, 14, 16]
     assert probe_counts(64) == [1, 2, 8, 16, 24, 32, 40, 48, 56, 64]
     assert probe_counts(7)[-1] == 7
-    assert pipeline_counts(1) == [1] and pipeline_counts(2) == [1, 2]
-    assert pipeline_counts(16) == [1, 2, 4, 8, 12, 16]
-    assert pipeline_counts(12) == [1, 2, 4, 8, 9, 12]
 
 
 def test_pace_is_linear_between_counts_and_time_sliced_past_the_last():
-    counts, paces = [1, 2, 8, 16], [100, 100, 100, 60]
-    assert pace_at(counts, paces, 1) == 100 and pace_at(counts, paces, 0.5) == 100
-    assert pace_at(counts, paces, 12) == pytest.approx(80)
+    scaling = {"processes": [1, 2, 8, 16], "samples_per_s_per_process": [100, 100, 100, 60]}
+    assert pace_at(scaling, 1) == 100 and pace_at(scaling, 0.5) == 100
+    assert pace_at(scaling, 12) == pytest.approx(80)
     # 16 processes share the cores 32 processes want: each gets half of its pace at 16
-    assert pace_at(counts, paces, 32) == pytest.approx(30)
+    assert pace_at(scaling, 32) == pytest.approx(30)
 
 
 def test_a_probe_point_above_an_earlier_one_is_pooled_with_it():
@@ -50,9 +45,9 @@ def test_a_probe_point_above_an_earlier_one_is_pooled_with_it():
     assert non_increasing([100, 120, 90]) == [110, 110, 90]
     assert non_increasing([200, 150, 160, 170, 100]) == [200, 160, 160, 160, 100]
     assert non_increasing([3, 2, 1]) == [3, 2, 1]
-    paces = [100, 120, 90]
-    assert pace_at([1, 2, 4], paces, 2) == pytest.approx(110)
-    assert paces == [100, 120, 90]  # the record keeps its points
+    scaling = {"processes": [1, 2, 4], "samples_per_s_per_process": [100, 120, 90]}
+    assert pace_at(scaling, 2) == pytest.approx(110)
+    assert scaling["samples_per_s_per_process"] == [100, 120, 90]  # the record keeps its points
 
 
 def test_the_probe_times_the_dataset_without_adding_to_the_runs_rows(images, tmp_path):
@@ -96,33 +91,6 @@ def test_the_pace_is_the_datasets_own():
 
 def test_a_dataset_that_fails_gives_no_probe():
     assert probe_loader_scaling(_Slow(0.0, fail=True), cpus=2, window_s=0.1) is None
-
-
-def _loader_over(dataset, batch: int = 4):
-    import torch
-
-    def make_loader(workers: int, n_batches: int):
-        indices = [i % len(dataset) for i in range(n_batches * batch)]
-        return torch.utils.data.DataLoader(
-            dataset, batch_size=batch, sampler=indices, num_workers=workers, timeout=30
-        )
-
-    return make_loader
-
-
-def test_the_pipeline_probe_times_each_worker_of_a_real_dataloader():
-    # 10 ms of CPU a sample: each worker delivers about 100 samples/s at 1 and 2 workers
-    got = probe_pipeline_scaling(_loader_over(_Slow(0.01)), [1, 2], rounds=3)
-    assert got["workers"] == [1, 2] and got["rounds"] == 3
-    assert got["samples_per_s_per_worker"] == [pytest.approx(100, rel=0.35)] * 2
-    json.dumps(got)
-
-
-def test_the_pipeline_probe_keeps_the_counts_timed_before_a_failure_or_its_budget():
-    assert probe_pipeline_scaling(_loader_over(_Slow(0.0, fail=True)), [1, 2]) is None
-    # the budget is checked before each count after the first
-    got = probe_pipeline_scaling(_loader_over(_Slow(0.001)), [1, 2], budget_s=0.0)
-    assert got["workers"] == [1]
 
 
 def test_only_a_one_process_run_that_asks_probes_its_loader(images):

@@ -265,17 +265,6 @@ def test_the_loader_probe_slows_each_worker_where_the_host_runs_out_of_cores(tmp
     plain = predict_run(read_record(_loader_bound(tmp_path / "plain")), Target(None, workers=5))
     assert plain.step_time_s == pytest.approx(3 * step, rel=1e-6)
     assert not any("loader probe" in n for n in plain.notes)
-    # where the run also probed its own DataLoader, that probe decides (workers, not processes)
-    meta["loader_pipeline_scaling"] = {
-        "workers": [1, 2, 4, 8, 12, 16],
-        "samples_per_s_per_worker": [200.0, 200.0, 180.0, 160.0, 140.0, 120.0],
-        "rounds": 2,
-    }
-    (dest / "run.json").write_text(json.dumps(meta))
-    piped = predict_run(read_record(dest), Target(None, workers=5))
-    # 5 workers deliver 175/s each where 15 delivered 125/s each
-    assert piped.step_time_s == pytest.approx(3 * step * 125 / 175, rel=1e-6)
-    assert any("pipeline probe" in n and "scaled by 1.40" in n for n in piped.notes)
 
 
 def test_fewer_workers_of_a_run_whose_loader_kept_up_say_it_is_unknown():

@@ -238,30 +238,14 @@ def allocation_frame(alloc: Allocation, curves: list[Curve]) -> pd.DataFrame:
 
 def worker_pace_ratio(meta: dict, from_workers: int, to_workers: int) -> tuple[float, list[str]]:
     """How one worker's pace at ``to_workers`` compares with its pace at ``from_workers``, from
-    the run's loader probes (``--prep-timing``), and a note; 1.0 where the run has none. The
-    pipeline probe (the run's own DataLoader at several worker counts) is read where the run
-    has it; else the process probe (the dataset alone at several process counts)."""
-    if from_workers == to_workers:
-        return 1.0, []
-    pipeline = meta.get("loader_pipeline_scaling")
-    if pipeline:
-        counts, paces = pipeline["workers"], pipeline["samples_per_s_per_worker"]
-        before = pace_at(counts, paces, from_workers)
-        after = pace_at(counts, paces, to_workers)
-        ratio = after / before
-        return ratio, [
-            f"the run's loader pipeline probe: each worker of its DataLoader delivered "
-            f"{after:,.0f} samples/s with {to_workers} workers against {before:,.0f} with "
-            f"{from_workers}: each worker's pace scaled by {ratio:.2f}"
-        ]
+    the run's loader probe (``--prep-timing``), and a note; 1.0 where the run has no probe."""
     scaling = meta.get("loader_scaling")
-    if not scaling:
+    if from_workers == to_workers or not scaling:
         return 1.0, []
     # the training process is busy beside the workers (it launches the steps and pins the
     # batches), so w workers keep w + 1 processes busy
-    counts, paces = scaling["processes"], scaling["samples_per_s_per_process"]
-    before = pace_at(counts, paces, from_workers + 1)
-    after = pace_at(counts, paces, to_workers + 1)
+    before = pace_at(scaling, from_workers + 1)
+    after = pace_at(scaling, to_workers + 1)
     ratio = after / before
     note = (
         f"the run's loader probe: one process prepared {after:,.0f} samples/s with "

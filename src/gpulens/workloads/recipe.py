@@ -190,41 +190,18 @@ def build_loader(
     sampler: torch.utils.data.Sampler = EndlessShuffle(len(dataset), eff.seed, rank, world_size)
     if eff.paired_cold_block:
         sampler = paired_sampler(dataset, eff)
-    return loader_over(
-        dataset,
-        sampler,
-        eff,
-        device,
-        workers,
-        collate_fn=collate_with_timing(timing_dir) if timing_dir else None,
-        local_rank=rank if local_rank is None else local_rank,
-    )
-
-
-def loader_over(
-    dataset,
-    sampler,
-    eff: EffectiveTrainConfig,
-    device: torch.device,
-    workers: int,
-    collate_fn=None,
-    local_rank: int = 0,
-    timeout_s: float = 0.0,
-) -> torch.utils.data.DataLoader:
-    """A DataLoader as a run builds it (batch size, pinning on a GPU, prefetch, worker
-    affinity), over ``sampler``'s indices of ``dataset`` with ``workers`` workers;
-    ``timeout_s`` (0: none) bounds the wait for one batch."""
     return torch.utils.data.DataLoader(
         dataset,
-        batch_size=eff.batch_size,
+        batch_size=batch,
         sampler=sampler,
         drop_last=True,
         num_workers=workers,
         pin_memory=device.type == "cuda",
         prefetch_factor=LOADER_PREFETCH if workers > 0 else None,
-        collate_fn=collate_fn,
-        worker_init_fn=worker_init(eff.worker_affinity, workers, local_rank),
-        timeout=timeout_s if workers > 0 else 0,
+        collate_fn=collate_with_timing(timing_dir) if timing_dir else None,
+        worker_init_fn=worker_init(
+            eff.worker_affinity, workers, rank if local_rank is None else local_rank
+        ),
     )
 
 

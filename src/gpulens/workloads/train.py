@@ -99,7 +99,7 @@ def _train(
 
             writer.update(torch_profiler=profile_steps(prepared, device, profiler_steps, run.dir))
         if eff.loader_probe:  # resolved true only for a run with a loader and its workers
-            writer.update(**_probe_loader_scaling(prepared, eff, device))
+            writer.update(loader_scaling=_probe_loader_scaling(prepared))
     peak_mem = torch.cuda.max_memory_allocated(device) if cuda else None
     # The sampler's CPU share, and gpulens's own time on this training thread per step.
     costs = {
@@ -120,40 +120,19 @@ def _train(
     )
 
 
-def _probe_loader_scaling(prepared, eff, device) -> dict[str, Any]:
-    """The loader's pace at several counts of busy processes and of the run's own DataLoader
-    workers (``predict --workers`` reads them), after the measured window and with the run's
-    workers stopped first: they would compete with the probes. Each is None where it failed."""
-    from gpulens.data.loader_scaling import (
-        POOL_SAMPLES,
-        host_cpus,
-        pipeline_counts,
-        probe_loader_scaling,
-        probe_pipeline_scaling,
-        probe_pool,
-        untimed,
-    )
-    from gpulens.workloads.recipe import loader_over
+def _probe_loader_scaling(prepared) -> dict[str, Any] | None:
+    """The loader's pace per process at several process counts (``predict --workers`` reads
+    it), after the measured window and with the run's own workers stopped first: they would
+    compete with the probe's processes."""
+    from gpulens.data.loader_scaling import probe_loader_scaling
 
     # a DataLoader iterator's workers otherwise stop only when it is collected
     stop_workers = getattr(prepared.batches, "_shutdown_workers", None)
     if stop_workers is not None:
         stop_workers()
-    log.info("timing the loader at several process and worker counts (several seconds)")
-    found: dict[str, Any] = {"loader_scaling": None, "loader_pipeline_scaling": None}
-    try:  # the probes must never fail a finished run
-        found["loader_scaling"] = probe_loader_scaling(prepared.dataset)
-        dataset = untimed(prepared.dataset)
-        pool = probe_pool(dataset, max(POOL_SAMPLES, eff.batch_size), seed=1)
-        if pool is not None:
-
-            def make_loader(workers: int, n_batches: int):
-                indices = [pool[i % len(pool)] for i in range(n_batches * eff.batch_size)]
-                return loader_over(dataset, indices, eff, device, workers, timeout_s=60.0)
-
-            found["loader_pipeline_scaling"] = probe_pipeline_scaling(
-                make_loader, pipeline_counts(host_cpus())
-            )
-    except Exception as exc:
+    log.info("timing the loader at several process counts (a few seconds)")
+    try:
+        return probe_loader_scaling(prepared.dataset)
+    except Exception as exc:  # the probe must never fail a finished run
         log.warning("loader scaling probe failed: %s", exc)
-    return found
+        return None
