@@ -216,6 +216,46 @@ def repeat_rows(points: list[dict]) -> list[dict]:
     return rows
 
 
+def noise_floor(
+    points: list[dict], runs_a_side: int = 3, draws: int = 200_000, seed: int = 0
+) -> dict | None:
+    """What a perfect predictor would score against these runs, from their own movement
+    between processes: each run's deviation from the mean of its configuration (runs of one
+    configuration on one ladder, at least two), scaled by sqrt(n / (n - 1)) for the mean's own
+    share of it, drawn with replacement into two sets of ``runs_a_side`` runs; the mean of
+    |median(a) / median(b) - 1| (``mape_pct``) and of |a / b - 1| for single runs
+    (``single_run_mape_pct``). None where no configuration ran twice."""
+    import numpy as np
+
+    groups = defaultdict(list)
+    for p in points:
+        groups[(p["gpu"], *p["key"], p["batch"], p["gpus"], p["workers"], p["origin"])].append(
+            p["tput"]
+        )
+    deviations = []
+    for tputs in groups.values():
+        if len(tputs) >= 2:
+            t = np.asarray(tputs, float)
+            deviations.extend((t / t.mean() - 1) * np.sqrt(len(t) / (len(t) - 1)))
+    if not deviations:
+        return None
+    rng = np.random.default_rng(seed)
+    d = np.asarray(deviations)
+
+    def drawn(n: int) -> np.ndarray:
+        return np.median(1 + rng.choice(d, (draws, n)), axis=1)
+
+    floor = float(np.mean(np.abs(drawn(runs_a_side) / drawn(runs_a_side) - 1)) * 100)
+    single = float(np.mean(np.abs(drawn(1) / drawn(1) - 1)) * 100)
+    return {
+        "cases": len(deviations),  # runs that gave a deviation
+        "mape_pct": floor,
+        "naive_mape_pct": floor,
+        "single_run_mape_pct": single,
+        "runs_a_side": runs_a_side,
+    }
+
+
 def gpus_cases(points: list[dict]) -> list[dict]:
     rows = []
     for one in (p for p in points if p["gpus"] == 1):
@@ -429,6 +469,20 @@ def main() -> int:
     if repeats:  # the same configuration twice: the floor under every figure above
         figure = _mape(repeats)  # a repeat's "naive" prediction is itself
         summary["repeats"] = {"cases": len(repeats), "mape_pct": figure, "naive_mape_pct": figure}
+        # the floor under the median-of-runs figures: a perfect predictor scored against
+        # medians of 3 runs a side, for the loader-fed runs, the runs whose host set the pace
+        # (kernels and their gaps under GPU_BOUND_FILL of the step) and all
+        floors = {
+            "noise_floor_loader_fed": [p for p in points if p["workers"] > 0 and not p["key"][2]],
+            "noise_floor_host_bound": [
+                p for p in points if (_gpu_fill(p) or GPU_BOUND_FILL) < GPU_BOUND_FILL
+            ],
+            "noise_floor_all": points,
+        }
+        for name, ps in floors.items():
+            floor = noise_floor(ps)
+            if floor:
+                summary[name] = floor
     # by what set the measured run's pace: the GPU (kernels and their gaps >= GPU_BOUND_FILL
     # of the step) or the host
     bound = {

@@ -120,3 +120,27 @@ def test_a_summary_figure_counts_its_cases_and_both_errors():
     same_gpu = _module()
     rows = [{"ape_pct": 2.0, "naive_ape_pct": 10.0}, {"ape_pct": 4.0, "naive_ape_pct": 30.0}]
     assert same_gpu._figure(rows) == {"cases": 2, "mape_pct": 3.0, "naive_mape_pct": 20.0}
+
+
+def _runs(config: str, tputs: list[float]) -> list[dict]:
+    return [
+        {"gpu": "H100", "key": (config, "bf16", False), "batch": 64, "gpus": 1, "workers": 4,
+         "origin": "ladder", "tput": t}
+        for t in tputs
+    ]  # fmt: skip
+
+
+def test_the_noise_floor_is_what_a_perfect_predictor_scores_against_the_runs_spread():
+    same_gpu = _module()
+    # runs that never move between processes: a perfect prediction is exact
+    steady = same_gpu.noise_floor(_runs("a", [100, 100, 100]) + _runs("b", [50, 50]))
+    assert steady["mape_pct"] == 0 and steady["single_run_mape_pct"] == 0
+    assert steady["cases"] == 5
+    # runs 10% either side of their mean: single runs miss each other by about 10%
+    # (0 or 20% at even odds, scaled by sqrt(2) for the mean's share); a median of three
+    # runs a side misses by less
+    moving = same_gpu.noise_floor(_runs("a", [90, 110]) + _runs("b", [45, 55]), draws=20_000)
+    assert moving["single_run_mape_pct"] == pytest.approx(14.4, rel=0.1)
+    assert 0 < moving["mape_pct"] < moving["single_run_mape_pct"]
+    # a configuration run once says nothing about the spread
+    assert same_gpu.noise_floor(_runs("a", [100]) + _runs("b", [50])) is None
