@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -216,43 +217,84 @@ def repeat_rows(points: list[dict]) -> list[dict]:
     return rows
 
 
+def _round(point: dict) -> int | None:
+    """The round of a ladder the run was in (its name ends in -rN), None where unnamed."""
+    found = (
+        re.search(r"-r(\d+)$", point["record"].meta.get("name") or "")
+        if "record" in point
+        else None
+    )
+    return int(found.group(1)) if found else point.get("round")
+
+
 def noise_floor(
-    points: list[dict], runs_a_side: int = 3, draws: int = 200_000, seed: int = 0
+    points: list[dict],
+    runs_a_side: int = 3,
+    min_runs: int = 3,
+    draws: int = 200_000,
+    seed: int = 0,
 ) -> dict | None:
     """What a perfect predictor would score against these runs, from their own movement
-    between processes: each run's deviation from the mean of its configuration (runs of one
-    configuration on one ladder, at least two), scaled by sqrt(n / (n - 1)) for the mean's own
-    share of it, drawn with replacement into two sets of ``runs_a_side`` runs; the mean of
-    |median(a) / median(b) - 1| (``mape_pct``) and of |a / b - 1| for single runs
-    (``single_run_mape_pct``). None where no configuration ran twice."""
+    between processes. A ladder runs every configuration once per round, so a run's log
+    throughput is its configuration's level, plus its round's (the host's state then, shared
+    by the round's runs), plus its own; both are estimated per ladder from the configurations
+    run at least ``min_runs`` times (those the medians are scored on), the own part scaled up
+    for the fitted levels' share of it. Drawn with replacement: a median of ``runs_a_side``
+    runs in rounds 1..n against the target's median in the same rounds (``mape_pct``; the
+    round's part cancels only partly), and single runs of any two rounds
+    (``single_run_mape_pct``): the floor of a prediction that scales its source run's
+    throughput (``predict --workers`` scales the measured loader's pace). One that does not
+    carry its source run's movement meets only the target median's (``target_only_mape_pct``).
+    None where no configuration ran ``min_runs`` times."""
     import numpy as np
 
-    groups = defaultdict(list)
+    ladders: dict = defaultdict(lambda: defaultdict(dict))
     for p in points:
-        groups[(p["gpu"], *p["key"], p["batch"], p["gpus"], p["workers"], p["origin"])].append(
-            p["tput"]
-        )
-    deviations = []
-    for tputs in groups.values():
-        if len(tputs) >= 2:
-            t = np.asarray(tputs, float)
-            deviations.extend((t / t.mean() - 1) * np.sqrt(len(t) / (len(t) - 1)))
-    if not deviations:
+        config = (p["gpu"], *p["key"], p["batch"], p["gpus"], p["workers"])
+        ladders[p["origin"]][config][_round(p) or len(ladders[p["origin"]][config]) + 1] = p["tput"]
+    own, rounds = [], []
+    for configs in ladders.values():
+        kept = {c: r for c, r in configs.items() if len(r) >= max(min_runs, 2)}
+        if not kept:
+            continue
+        names = sorted({r for rs in kept.values() for r in rs})
+        y = np.full((len(kept), len(names)), np.nan)
+        for a, rs in enumerate(kept.values()):
+            for r, tput in rs.items():
+                y[a, names.index(r)] = np.log(tput)
+        level, shift = np.nanmean(y, axis=1), np.zeros(len(names))
+        for _ in range(50):  # alternating means: exact for full rounds, close for a missing run
+            shift = np.nan_to_num(np.nanmean(y - level[:, None], axis=0))
+            shift -= shift.mean()
+            level = np.nanmean(y - shift[None, :], axis=1)
+        residual = (y - level[:, None] - shift[None, :])[~np.isnan(y)]
+        n, fitted = residual.size, len(kept) + len(names) - 1
+        if n > fitted:
+            own.extend(residual * np.sqrt(n / (n - fitted)))
+            rounds.extend(shift)
+    if not own:
         return None
     rng = np.random.default_rng(seed)
-    d = np.asarray(deviations)
-
-    def drawn(n: int) -> np.ndarray:
-        return np.median(1 + rng.choice(d, (draws, n)), axis=1)
-
-    floor = float(np.mean(np.abs(drawn(runs_a_side) / drawn(runs_a_side) - 1)) * 100)
-    single = float(np.mean(np.abs(drawn(1) / drawn(1) - 1)) * 100)
+    own_a, round_a = np.asarray(own), np.asarray(rounds)
+    shared = rng.choice(round_a, (draws, runs_a_side))
+    src = np.median(shared + rng.choice(own_a, (draws, runs_a_side)), axis=1)
+    tgt = np.median(shared + rng.choice(own_a, (draws, runs_a_side)), axis=1)
+    floor = float(np.mean(np.abs(np.exp(src - tgt) - 1)) * 100)
+    # a prediction that does not carry its source run's movement (one from kernel times and
+    # probes, not from the run's throughput) meets only the target's
+    target_only = float(np.mean(np.abs(np.exp(-tgt) - 1)) * 100)
+    one = rng.choice(round_a, draws) + rng.choice(own_a, draws)
+    other = rng.choice(round_a, draws) + rng.choice(own_a, draws)
+    single = float(np.mean(np.abs(np.exp(one - other) - 1)) * 100)
     return {
-        "cases": len(deviations),  # runs that gave a deviation
+        "cases": len(own),  # runs that gave a deviation
         "mape_pct": floor,
         "naive_mape_pct": floor,
         "single_run_mape_pct": single,
+        "target_only_mape_pct": target_only,
         "runs_a_side": runs_a_side,
+        "own_sd_pct": float(np.std(own_a) * 100),
+        "round_sd_pct": float(np.std(round_a) * 100),
     }
 
 
@@ -476,6 +518,11 @@ def main() -> int:
             "noise_floor_loader_fed": [p for p in points if p["workers"] > 0 and not p["key"][2]],
             "noise_floor_host_bound": [
                 p for p in points if (_gpu_fill(p) or GPU_BOUND_FILL) < GPU_BOUND_FILL
+            ],
+            "noise_floor_host_bound_one_gpu": [  # what the batch changes are scored against
+                p
+                for p in points
+                if p["gpus"] == 1 and (_gpu_fill(p) or GPU_BOUND_FILL) < GPU_BOUND_FILL
             ],
             "noise_floor_all": points,
         }

@@ -295,7 +295,7 @@ def test_the_validated_figures_are_the_committed_measurements():
         )
         assert VALIDATED[method].cases == doc["summary"][row]["cases"]
     workers = json.loads(
-        (results / "predict_same_gpu-workers-five_ladders-H100_H200-2026-11-26.json").read_text()
+        (results / "predict_same_gpu-workers-eight_ladders-H100_H200-2026-11-27.json").read_text()
     )
     assert VALIDATED["workers"].mape_pct == pytest.approx(
         workers["summary"]["workers_predicted"]["mape_pct"], abs=0.05
@@ -326,10 +326,25 @@ def test_the_validated_figures_are_the_committed_measurements():
     assert HOST_PACED_MEDIANS.mape_pct == pytest.approx(
         sum(r["ape_pct"] for r in medians) / len(medians), abs=0.05
     )
-    # what the medians take away is the runs' movement, not the predictor's error (10.0% run
-    # by run on the same cases, 5.7% median against median)
+    # what the medians take away is the runs' movement, not the predictor's error (9.4% run
+    # by run on the same cases, 5.5% median against median)
     single = sum(r["single_ape_pct"] for r in medians) / len(medians)
     assert HOST_PACED_MEDIANS.mape_pct < single
+    # what a perfect prediction would score on the batch and worker cases: the target's
+    # movement alone for batch changes (predicted from kernel times and probes), the source's
+    # and the target's for worker counts (the measured loader's pace scaled)
+    from gpulens.predict.validation import HOST_PACED_FLOOR
+
+    batch_cases = [r for r in medians if r in doc["averaged_cases"]]
+    worker_cases = three_a_side(workers["averaged_worker_cases"])
+    batch_floor = doc["summary"]["noise_floor_host_bound_one_gpu"]["target_only_mape_pct"]
+    worker_floor = workers["summary"]["noise_floor_loader_fed"]["mape_pct"]
+    n_batch, n_workers = len(batch_cases), len(worker_cases)
+    assert HOST_PACED_FLOOR.cases == n_batch + n_workers
+    assert HOST_PACED_FLOOR.mape_pct == pytest.approx(
+        (n_batch * batch_floor + n_workers * worker_floor) / (n_batch + n_workers), abs=0.05
+    )
+    assert HOST_PACED_FLOOR.mape_pct < HOST_PACED_MEDIANS.mape_pct
 
 
 def test_a_larger_batch_prints_its_validated_error_and_a_smaller_one_its_own():

@@ -123,24 +123,35 @@ def test_a_summary_figure_counts_its_cases_and_both_errors():
 
 
 def _runs(config: str, tputs: list[float]) -> list[dict]:
+    """Runs of one configuration, the i-th in round i + 1 of one ladder."""
     return [
         {"gpu": "H100", "key": (config, "bf16", False), "batch": 64, "gpus": 1, "workers": 4,
-         "origin": "ladder", "tput": t}
-        for t in tputs
+         "origin": "ladder", "tput": t, "round": i + 1}
+        for i, t in enumerate(tputs)
     ]  # fmt: skip
 
 
 def test_the_noise_floor_is_what_a_perfect_predictor_scores_against_the_runs_spread():
     same_gpu = _module()
     # runs that never move between processes: a perfect prediction is exact
-    steady = same_gpu.noise_floor(_runs("a", [100, 100, 100]) + _runs("b", [50, 50]))
+    steady = same_gpu.noise_floor(_runs("a", [100, 100, 100]) + _runs("b", [50, 50, 50, 50]))
     assert steady["mape_pct"] == 0 and steady["single_run_mape_pct"] == 0
-    assert steady["cases"] == 5
-    # runs 10% either side of their mean: single runs miss each other by about 10%
-    # (0 or 20% at even odds, scaled by sqrt(2) for the mean's share); a median of three
-    # runs a side misses by less
-    moving = same_gpu.noise_floor(_runs("a", [90, 110]) + _runs("b", [45, 55]), draws=20_000)
-    assert moving["single_run_mape_pct"] == pytest.approx(14.4, rel=0.1)
-    assert 0 < moving["mape_pct"] < moving["single_run_mape_pct"]
-    # a configuration run once says nothing about the spread
-    assert same_gpu.noise_floor(_runs("a", [100]) + _runs("b", [50])) is None
+    assert steady["cases"] == 7
+    # the host's state moving every run of a round alike: the medians of the same rounds
+    # cancel it, single runs of different rounds do not
+    shared = same_gpu.noise_floor(
+        _runs("a", [100, 110, 90]) + _runs("b", [50, 55, 45]), draws=20_000
+    )
+    assert shared["mape_pct"] == pytest.approx(0, abs=1e-9)
+    assert shared["single_run_mape_pct"] > 5
+    assert shared["round_sd_pct"] > 5 and shared["own_sd_pct"] == pytest.approx(0, abs=1e-9)
+    # each run moving on its own: a median of three runs a side misses by less than single runs
+    own = same_gpu.noise_floor(
+        _runs("a", [100, 110, 90]) + _runs("b", [55, 45, 50]) + _runs("c", [20, 20, 20]),
+        draws=20_000,
+    )
+    assert 0 < own["mape_pct"] < own["single_run_mape_pct"]
+    # a prediction that knows the truth meets the target's movement alone
+    assert 0 < own["target_only_mape_pct"] < own["mape_pct"]
+    # a configuration run fewer than 3 times is not one the medians are scored on
+    assert same_gpu.noise_floor(_runs("a", [90, 110]) + _runs("b", [45, 55])) is None
