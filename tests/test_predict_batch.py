@@ -347,6 +347,22 @@ def test_the_validated_figures_are_the_committed_measurements():
     assert HOST_PACED_FLOOR.mape_pct < HOST_PACED_MEDIANS.mape_pct
 
 
+def test_a_host_paced_prediction_says_how_far_its_runs_move_and_what_that_leaves():
+    from gpulens.predict.validation import (
+        HOST_PACED_FLOOR,
+        HOST_PACED_MEDIANS,
+        HOST_PACED_REPEAT,
+        run_to_run_note,
+    )
+
+    note = run_to_run_note(["workers"])
+    for figure in (HOST_PACED_REPEAT, HOST_PACED_MEDIANS, HOST_PACED_FLOOR):
+        assert f"{figure.mape_pct:.1f}%" in note
+    assert f"({HOST_PACED_MEDIANS.cases} cases)" in note and "perfect prediction" in note
+    # a prediction whose GPU sets the pace has no such note
+    assert run_to_run_note(["batch_up"]) is None
+
+
 def test_a_larger_batch_prints_its_validated_error_and_a_smaller_one_its_own():
     from gpulens.predict.validation import VALIDATED
 
