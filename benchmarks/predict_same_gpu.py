@@ -192,14 +192,18 @@ def _min_fill(a: dict, b: dict) -> float | None:
     return None if None in fills else min(fills)
 
 
+def _config(point: dict) -> tuple:
+    """What makes two runs the same configuration (on one ladder)."""
+    return (point["gpu"], *point["key"], point["batch"], point["gpus"], point["workers"])
+
+
 def repeat_rows(points: list[dict]) -> list[dict]:
     """Runs of one configuration repeated on one machine (`REPEATS=2 predict_ladder.sh`), each
     taking the other's throughput as its prediction: the spread between processes, a floor
     under any prediction's error there."""
     groups = defaultdict(list)
     for p in points:
-        key = (p["gpu"], *p["key"], p["batch"], p["gpus"], p["workers"], p["origin"])
-        groups[key].append(p)
+        groups[(*_config(p), p["origin"])].append(p)
     rows = []
     for (gpu, workload, *_), ps in groups.items():
         for a in ps:
@@ -219,11 +223,8 @@ def repeat_rows(points: list[dict]) -> list[dict]:
 
 def _round(point: dict) -> int | None:
     """The round of a ladder the run was in (its name ends in -rN), None where unnamed."""
-    found = (
-        re.search(r"-r(\d+)$", point["record"].meta.get("name") or "")
-        if "record" in point
-        else None
-    )
+    record = point.get("record")
+    found = re.search(r"-r(\d+)$", (record.meta.get("name") or "") if record else "")
     return int(found.group(1)) if found else point.get("round")
 
 
@@ -250,8 +251,8 @@ def noise_floor(
 
     ladders: dict = defaultdict(lambda: defaultdict(dict))
     for p in points:
-        config = (p["gpu"], *p["key"], p["batch"], p["gpus"], p["workers"])
-        ladders[p["origin"]][config][_round(p) or len(ladders[p["origin"]][config]) + 1] = p["tput"]
+        runs = ladders[p["origin"]][_config(p)]
+        runs[_round(p) or len(runs) + 1] = p["tput"]
     own, rounds = [], []
     for configs in ladders.values():
         kept = {c: r for c, r in configs.items() if len(r) >= max(min_runs, 2)}
