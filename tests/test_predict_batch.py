@@ -12,7 +12,8 @@ from gpulens.cli import main
 from gpulens.errors import UsageError
 from gpulens.predict import batch
 from gpulens.predict.catalog import find_gpu
-from gpulens.predict.predictor import Target, predict_run
+from gpulens.predict.features import run_facts
+from gpulens.predict.predictor import Target, ddp_host_issue_s, predict_run
 from gpulens.predict.roofline import hardware
 from gpulens.predict.trace import op_flops_bytes
 from gpulens.record.reader import read_record
@@ -411,14 +412,16 @@ def test_a_larger_batch_says_whether_the_kernels_will_fill_the_step(tmp_path):
 
 
 def test_more_gpus_for_a_run_whose_host_sets_the_pace_are_held_to_the_host_and_ddp(tmp_path):
-    from gpulens.predict.predictor import ddp_host_issue_s
 
     phases = _run(256).meta["summary"]["phases_s"]
     probe_s = 0.9 * phases["compute"]
     slow_run = _with_host_probe(tmp_path, 256, probe_s)
     ddp_s = ddp_host_issue_s(slow_run.meta["effective_config"]["workload"])
-    # the host's pace: between the probe and the run's own compute time per step
-    host_s = 0.5 * (probe_s + phases["compute"])
+    # the host's pace: between the probe and the run's own compute time per step, as long as
+    # the slower of two processes' steps (this GPU-paced fixture's steps hardly vary)
+    slowest = run_facts(slow_run).slowest_of_ratio(2)
+    assert 1.0 < slowest < 1.02
+    host_s = 0.5 * (probe_s + phases["compute"]) * slowest
     slow_host = predict_run(slow_run, Target(None, gpus=2))
     assert any("DDP adds about" in n for n in slow_host.notes)
     # the step is the host's pace plus DDP's, with the data phases on top
@@ -439,7 +442,7 @@ def test_more_gpus_for_a_run_whose_host_sets_the_pace_are_held_to_the_host_and_d
     # a probe beyond the run's step is held to it: the host issued each step within it
     over = predict_run(_with_host_probe(tmp_path, 256, 2 * phases["compute"]), Target(None, gpus=2))
     assert over.components_s["compute"] + over.components_s["communication"] == (
-        pytest.approx(phases["compute"] + ddp_s)
+        pytest.approx(phases["compute"] * slowest + ddp_s)
     )
     assert any("is held to it" in n for n in over.notes), over.notes
     assert not any("is held to it" in n for n in slow_host.notes)
@@ -448,6 +451,58 @@ def test_more_gpus_for_a_run_whose_host_sets_the_pace_are_held_to_the_host_and_d
     host_paced = _with_host_probe(tmp_path, 64, _run(64).meta["summary"]["phases_s"]["compute"])
     other = predict_run(host_paced, Target("H100", gpus=2))  # the fixture ran on an H200
     assert any("may set the pace" in n for n in other.notes), other.notes
+
+
+def test_the_slowest_of_several_steps_follows_the_spread_of_the_runs_steps():
+    from gpulens.predict.features import RunFacts
+
+    def facts(steps):
+        return RunFacts(
+            "r", "resnet18", "NVIDIA H200", "bf16", 64, 1, 1.0, 0.0, 0.0, 1.0, None, None,
+            None, 0, None, None, 0, compute_steps_s=tuple(sorted(steps)),
+        )  # fmt: skip
+
+    # two equally likely steps, 1 and 2 s: the slower of two draws is 2 s three times in four
+    assert facts([1.0, 2.0]).slowest_of_ratio(2) == pytest.approx(1.75 / 1.5)
+    assert facts([1.0, 2.0]).slowest_of_ratio(8) == pytest.approx((1 + 255 * 2) / 256 / 1.5)
+    assert facts([1.0, 2.0]).slowest_of_ratio(1) == 1.0
+    assert facts([1.0] * 50).slowest_of_ratio(4) == pytest.approx(1.0)
+    assert facts([]).slowest_of_ratio(2) == 1.0  # steps not kept: no spread to go by
+    # thousands of processes stay finite (no integer powers turned into floats)
+    assert facts([1.0, 2.0] * 200).slowest_of_ratio(4096) == pytest.approx(2.0 / 1.5)
+
+
+def test_a_host_paced_run_whose_steps_vary_predicts_ddp_waiting_for_the_slower_rank(tmp_path):
+    """The fixture with its measured steps' compute times spread +-20% about the same mean:
+    2-GPU DDP waits each step for the slower of two such steps, so the prediction is slower
+    by the expected maximum of two draws, and the note says so."""
+    import pandas as pd
+
+    phases = _run(256).meta["summary"]["phases_s"]
+    steady = _with_host_probe(tmp_path, 256, 0.9 * phases["compute"])
+    spread_dir = tmp_path / "spread"
+    import shutil
+
+    shutil.copytree(steady.dir, spread_dir)
+    steps_file = spread_dir / "series" / "steps.parquet"
+    steps = pd.read_parquet(steps_file)
+    measured = ~steps["warmup"].astype(bool)
+    mean_s = steps.loc[measured, "compute_s"].mean()
+    swing = [0.8 if i % 2 else 1.2 for i in range(int(measured.sum()))]
+    steps.loc[measured, "compute_s"] = [mean_s * f for f in swing]
+    steps.to_parquet(steps_file)
+    spread = read_record(spread_dir)
+    assert run_facts(spread).slowest_of_ratio(2) == pytest.approx((0.8 + 3 * 1.2) / 4, rel=1e-3)
+    a = predict_run(steady, Target(None, gpus=2))
+    b = predict_run(spread, Target(None, gpus=2))
+    ddp_s = ddp_host_issue_s(steady.meta["effective_config"]["workload"])
+    host_a = a.components_s["compute"] + a.components_s["communication"] - ddp_s
+    host_b = b.components_s["compute"] + b.components_s["communication"] - ddp_s
+    ratio_a = run_facts(steady).slowest_of_ratio(2)
+    ratio_b = run_facts(spread).slowest_of_ratio(2)
+    assert host_b / host_a == pytest.approx(ratio_b / ratio_a, rel=1e-9)
+    assert b.throughput_samples_per_s < a.throughput_samples_per_s
+    assert any("+10.0% as each step waits for the slowest of 2 processes" in n for n in b.notes)
 
 
 def test_ddp_host_time_grows_with_the_gradient_tensors_it_hooks():

@@ -40,6 +40,21 @@ class RunFacts:
     trace_steps: int
     synthetic_data: bool = False  # batches made on the device: no loader to predict
     host_issue_s: float | None = None  # the host's issue of a step on an idle GPU (probed)
+    compute_steps_s: tuple[float, ...] = ()  # each measured step's compute phase, sorted
+
+    def slowest_of_ratio(self, processes: int) -> float:
+        """How much longer the slowest of ``processes`` independent steps takes than one
+        step, on average, by this run's own step-to-step spread of compute time (1.0 where
+        the steps were not kept). DDP ranks wait for each other every step."""
+        x = self.compute_steps_s
+        mean = sum(x) / len(x) if x else 0.0
+        if processes <= 1 or len(x) < 2 or mean <= 0:
+            return 1.0
+        # The k-th smallest of m steps is the largest of n draws (with replacement) with
+        # probability (k/m)^n - ((k-1)/m)^n.
+        m, n = len(x), processes
+        expected_max = sum(v * ((k / m) ** n - ((k - 1) / m) ** n) for k, v in enumerate(x, 1))
+        return expected_max / mean
 
     @property
     def overhead_s(self) -> float:
@@ -77,18 +92,30 @@ def _num(value: Any) -> float | None:
     return f if math.isfinite(f) else None
 
 
-def _gpu_busy_s(record) -> float | None:
+def _measured_steps(record):
+    """The measured (not warm-up) rows of the run's steps series; None where unreadable."""
     try:
         steps = record.series("steps")
     except Exception as exc:  # a damaged series: predict from the summary alone
         log.warning("steps series of %s unreadable (%s): using the compute phase", record.dir, exc)
         return None
-    if "gpu_step_time_s" not in steps or steps.empty:
-        return None
     if "warmup" in steps:
         steps = steps[~steps["warmup"].fillna(False).astype(bool)]
+    return steps
+
+
+def _gpu_busy_s(steps) -> float | None:
+    if steps is None or "gpu_step_time_s" not in steps or steps.empty:
+        return None
     vals = steps["gpu_step_time_s"].dropna()
     return float(vals.median()) if len(vals) else None
+
+
+def _compute_steps_s(steps) -> tuple[float, ...]:
+    if steps is None or "compute_s" not in steps:
+        return ()
+    vals = steps["compute_s"].dropna()
+    return tuple(sorted(float(v) for v in vals if v > 0 and math.isfinite(v)))
 
 
 def run_facts(record) -> RunFacts:
@@ -114,6 +141,7 @@ def run_facts(record) -> RunFacts:
         )
     prof = meta.get("torch_profiler") or {}
     trace = Path(record.dir) / prof["file"] if prof.get("file") else None
+    steps = _measured_steps(record)
     return RunFacts(
         run_id=rid,
         workload=s.get("workload") or eff.get("workload"),
@@ -125,7 +153,7 @@ def run_facts(record) -> RunFacts:
         data_wait_s=_num(phases.get("data_wait")) or 0.0,
         h2d_s=_num(phases.get("h2d")) or 0.0,
         compute_s=_num(phases.get("compute")) or step,
-        gpu_busy_s=_gpu_busy_s(record),
+        gpu_busy_s=_gpu_busy_s(steps),
         flops_per_sample=_num(s.get("flops_per_sample")),
         dram_bw_util_pct=_num(gpu.get("dram_bw_util_pct")),
         # older records kept the loader's workers in the config only
@@ -135,6 +163,7 @@ def run_facts(record) -> RunFacts:
         trace_steps=int(prof.get("steps") or 0),
         synthetic_data=str(eff.get("data") or "") == "synthetic",
         host_issue_s=_num(s.get("host_issue_s_per_step")),
+        compute_steps_s=_compute_steps_s(steps),
     )
 
 

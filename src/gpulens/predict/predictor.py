@@ -353,20 +353,32 @@ def _ddp_host_floor(
     # the run's bookkeeping) and the run's compute time per step (the host's pace only where
     # it set it). Both move from process to process; on five H200 pairs (28 cases) the probe
     # alone left host-paced pairs 12-14% too fast, the midpoint came within 3.7% (chosen
-    # there); host-paced pairs measured after it erred 11.3%, as much as their runs moved.
-    # The run issued each step within its step: a probe beyond that is held to it.
-    host_s = 0.5 * (min(probe_s, facts.compute_s) + facts.compute_s)
+    # there). The run issued each step within its step: a probe beyond that is held to it.
+    # DDP's ranks meet at every step's all-reduce, so each step lasts as long as the slowest
+    # rank's: the expected slowest of N steps drawn from the run's own steps. Without it,
+    # host-paced pairs measured after the midpoint erred 11.2% run by run, all but a few too
+    # fast (+7.5% on average); with it, 8.5% (+1.0%) on those 48 and 5.2% on the 16 before
+    # (chosen on these 64, 2026-11-27: scaling the probe or the run's step instead did worse).
+    slowest = facts.slowest_of_ratio(target.total_gpus)
+    host_s = 0.5 * (min(probe_s, facts.compute_s) + facts.compute_s) * slowest
     ddp_s = ddp_host_issue_s(facts.workload)
     floor_s = host_s + ddp_s
     if floor_s <= compute_s + comm_s:
         return compute_s, [], False
     host = (
         f"about {host_s * 1e3:.2f} ms to issue a step (between its probe, "
-        f"{probe_s * 1e3:.2f} ms, and the run's {facts.compute_s * 1e3:.2f} ms)"
+        f"{probe_s * 1e3:.2f} ms, and the run's {facts.compute_s * 1e3:.2f} ms"
         if probe_s < facts.compute_s
         else f"about {host_s * 1e3:.2f} ms to issue a step (the run's step; its probe, "
-        f"{probe_s * 1e3:.2f} ms, is held to it)"
+        f"{probe_s * 1e3:.2f} ms, is held to it"
     )
+    if slowest > 1.0:
+        host += (
+            f", then {slowest - 1:+.1%} as each step waits for the slowest of "
+            f"{target.total_gpus} processes, by the run's step-to-step spread)"
+        )
+    else:
+        host += ")"
     if not same_machine:  # another machine's host: its speed is not known
         note = f"this host takes {host} and DDP adds about {ddp_s * 1e3:.1f} ms: the target's "
         return compute_s, [note + "host may set the pace"], False
