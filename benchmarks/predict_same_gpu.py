@@ -515,6 +515,8 @@ def main() -> int:
         # the floor under the median-of-runs figures: a perfect predictor scored against
         # medians of 3 runs a side, for the loader-fed runs, the runs whose host set the pace
         # (kernels and their gaps under GPU_BOUND_FILL of the step) and all
+        host_paced_pairs = {(r["origin"], r["workload"], r["batch_size"]) for r in gpus
+                            if r["host_paced"]}  # fmt: skip
         floors = {
             "noise_floor_loader_fed": [p for p in points if p["workers"] > 0 and not p["key"][2]],
             "noise_floor_host_bound": [
@@ -524,6 +526,11 @@ def main() -> int:
                 p
                 for p in points
                 if p["gpus"] == 1 and (_gpu_fill(p) or GPU_BOUND_FILL) < GPU_BOUND_FILL
+            ],
+            # the 1- and 2-GPU runs of the pairs whose host paced the prediction (medians of
+            # 3 a side here; e893365's pairs have 5)
+            "noise_floor_host_paced_gpus": [
+                p for p in points if (p["origin"], p["key"][0], p["batch"]) in host_paced_pairs
             ],
             "noise_floor_all": points,
         }
