@@ -115,6 +115,35 @@ def test_sampled_gpu_step_times_give_the_interval(stream):
     assert throughput_ci(times, 8).ci95_pct < 0.01
 
 
+def test_a_loader_paced_run_takes_its_interval_from_every_step_on_the_host():
+    """A real H100 run (resnet18 b256, 8 JPEG workers, 90 measured steps) whose steps were
+    short enough for the GPU to be timed one step in six: the sample fell in step with the
+    workers' bursts and its interval was +-292% of the throughput, which the run reported."""
+    import csv
+    import json
+    from pathlib import Path
+
+    fixture = Path(__file__).parent / "fixtures" / "steps_h100_resnet18_w8"
+    reported = json.loads((fixture / "summary.json").read_text())
+    with open(fixture / "steps.csv") as handle:
+        rows = [
+            {k: (None if v == "" else v == "True" if k == "warmup" else float(v))
+             for k, v in row.items()}
+            for row in csv.DictReader(handle)
+        ]  # fmt: skip
+    measured = [r for r in rows if not r["warmup"]]
+    assert len(measured) == reported["measured_steps"] == 90
+    sampled = [r["gpu_step_time_s"] for r in measured if r["gpu_step_time_s"] is not None]
+    assert len(sampled) < len(measured) / 4  # the GPU timed a sample of the steps
+    assert throughput_ci(sampled, 256).ci95_pct > 200  # what the run reported
+    times = ci_step_times(measured)
+    assert times == [r["step_time_s"] for r in measured]
+    ci = throughput_ci(times, 256)
+    assert ci.ci95_pct < 20
+    # the interval holds the run's own throughput (total samples over the measured wall time)
+    assert abs(ci.samples_per_s - reported["throughput_samples_per_s"]) < ci.ci95_half_width
+
+
 def test_many_sampled_steps_take_the_interval_from_every_step_on_the_host(stream):
     timer = StepTimer(None, cuda=True, warmup_steps=0, gpu_every=4)
     _train(timer, stream, 400)
