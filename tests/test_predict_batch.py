@@ -232,22 +232,48 @@ def _loader_bound(tmp_path: Path, data_wait_s: float = 0.030) -> Path:
 
 
 def test_workers_scale_a_loader_bound_run_until_the_gpu_binds(tmp_path):
+    from gpulens.predict.workers import WORKER_DECLINE, worker_decline_ratio
+
     rec = read_record(_loader_bound(tmp_path))
+    cpus = rec.meta["environment"]["cpu_affinity_count"]
     step = rec.meta["summary"]["phases_s"]["step"]
     busy = step - rec.meta["summary"]["phases_s"]["data_wait"]
     fewer = predict_run(rec, Target(None, workers=5))
-    # a third of the workers: the loader delivers a batch in three times its step
-    assert fewer.step_time_s == pytest.approx(3 * step, rel=1e-6)
+    # a third of the workers, each a little faster with fewer sharing the host: the loader
+    # delivers a batch in a little under three times its step
+    faster = worker_decline_ratio(cpus, 15, 5, WORKER_DECLINE)
+    assert 1.05 < faster < 1.5
+    assert fewer.step_time_s == pytest.approx(3 * step / faster, rel=1e-6)
     assert fewer.target.workers == 5 and fewer.loader_bound
-    more = predict_run(rec, Target(None, workers=30))
-    # twice the workers deliver a batch in half the step, below what the GPU needs: GPU-bound
+    assert any(
+        f"scaled by {faster:.2f} for 5 workers sharing {cpus} CPUs" in n for n in fewer.notes
+    )
+    more = predict_run(rec, Target(None, workers=60))
+    # four times the workers, each slower, deliver a batch faster than the GPU needs it
     assert more.step_time_s == pytest.approx(busy, rel=1e-6)
     assert more.throughput_samples_per_s > rec.meta["summary"]["throughput_samples_per_s"]
 
 
-def test_the_loader_probe_slows_each_worker_where_the_host_runs_out_of_cores(tmp_path):
-    """A probe that saw one process's pace fall from 9 busy processes on (a host of 8 cores)
-    makes more workers deliver less than linearly, and says so; fewer workers, more."""
+def test_each_workers_pace_falls_with_the_share_of_the_hosts_cpus_they_take(tmp_path):
+    """Doubling 4 workers to 8 on 16 CPUs gains less than doubling them on 64, and the
+    same workers' ratio on no recorded CPU count assumes the 16 the decline was measured on."""
+    from gpulens.predict.workers import WORKER_DECLINE, worker_decline_ratio, worker_pace_ratio
+
+    on_16 = worker_decline_ratio(16, 4, 8, WORKER_DECLINE)
+    on_64 = worker_decline_ratio(64, 4, 8, WORKER_DECLINE)
+    assert on_16 < on_64 < 1.0
+    assert worker_decline_ratio(16, 8, 4, WORKER_DECLINE) == pytest.approx(1 / on_16)
+    assert worker_decline_ratio(16, 4, 4, WORKER_DECLINE) == 1.0
+    ratio, notes = worker_pace_ratio({}, 4, 8)
+    assert ratio == pytest.approx(on_16) and "did not record" in notes[0]
+    ratio, notes = worker_pace_ratio({"environment": {"cpu_affinity_count": 64}}, 4, 8)
+    assert ratio == pytest.approx(on_64) and "sharing 64 CPUs" in notes[0]
+
+
+def test_the_loader_probe_is_reported_not_used(tmp_path):
+    """A probe that saw one process's pace fall from 9 busy processes on is named in the
+    notes; the prediction is the same as without it (on nine ladders the probe caught half
+    of the decline or none, benchmarks/workers_decline_cv.py)."""
     dest = _loader_bound(tmp_path)
     meta = json.loads((dest / "run.json").read_text())
     meta["loader_scaling"] = {
@@ -256,15 +282,11 @@ def test_the_loader_probe_slows_each_worker_where_the_host_runs_out_of_cores(tmp
         "window_s": 0.5,
     }
     (dest / "run.json").write_text(json.dumps(meta))
-    rec = read_record(dest)
-    step = rec.meta["summary"]["phases_s"]["step"]
+    probed = predict_run(read_record(dest), Target(None, workers=5))
     # 15 workers + the training process = 16 busy (150/s each) against 6 busy (250/s)
-    fewer = predict_run(rec, Target(None, workers=5))
-    assert fewer.step_time_s == pytest.approx(3 * step * 150 / 250, rel=1e-6)
-    assert any("loader probe" in n and "scaled by 1.67" in n for n in fewer.notes)
-    # without a probe the same prediction is linear in the workers
+    assert any("loader probe saw" in n and "(1.67x); not used" in n for n in probed.notes)
     plain = predict_run(read_record(_loader_bound(tmp_path / "plain")), Target(None, workers=5))
-    assert plain.step_time_s == pytest.approx(3 * step, rel=1e-6)
+    assert plain.step_time_s == pytest.approx(probed.step_time_s, rel=1e-9)
     assert not any("loader probe" in n for n in plain.notes)
 
 
@@ -298,10 +320,20 @@ def test_the_validated_figures_are_the_committed_measurements():
     workers = json.loads(
         (results / "predict_same_gpu-workers-nine_ladders-H100_H200-2026-11-27.json").read_text()
     )
-    assert VALIDATED["workers"].mape_pct == pytest.approx(
-        workers["summary"]["workers_predicted"]["mape_pct"], abs=0.05
-    )
-    assert VALIDATED["workers"].cases == workers["summary"]["workers_predicted"]["cases"]
+    # `predict --workers` as it does on a ladder its decline was not fitted on (fitted on the
+    # other eight in turn), better than the loader probe it replaced and than fitting on all
+    cv = json.loads(
+        (results / "workers_decline_cv-nine_ladders-H100_H200-2026-11-27.json").read_text()
+    )["summary"]
+    assert VALIDATED["workers"].mape_pct == pytest.approx(cv["decline"]["mape_pct"], abs=0.05)
+    assert VALIDATED["workers"].cases == cv["decline"]["cases"]
+    from gpulens.predict.workers import WORKER_DECLINE
+
+    assert cv["decline_fitted_on_all"] == WORKER_DECLINE
+    assert workers["summary"]["workers_predicted"]["cases"] == cv["decline"]["cases"]
+    in_sample = workers["summary"]["workers_predicted"]["mape_pct"]
+    assert in_sample == pytest.approx(cv["decline_in_sample_mape_pct"], abs=0.05)
+    assert in_sample < cv["decline"]["mape_pct"] < cv["probe"]["mape_pct"] < cv["none"]["mape_pct"]
     # the floor the same-GPU figures stand on: two processes of one configuration
     floor = doc["summary"]
     assert floor["repeats_gpu_bound"]["mape_pct"] < 5 < floor["repeats_host_bound"]["mape_pct"]
@@ -313,24 +345,26 @@ def test_the_validated_figures_are_the_committed_measurements():
     assert HOST_PACED_REPEAT.cases == floor["repeats_host_bound"]["cases"]
 
     # host-paced changes scored median against median over 3-5 processes of each side: batch
-    # sizes, worker counts and 1 -> 2 GPUs (the GPU-paced pairs were never repeated 3 times)
+    # sizes, worker counts (each ladder's with the decline fitted on the others) and 1 -> 2
+    # GPUs (the GPU-paced pairs were never repeated 3 times)
     def three_a_side(rows):
         return [r for r in rows if r["source_runs"] >= 3 and r["target_runs"] >= 3]
 
     host_paced = ("batch_up_host_bound", "batch_down_probed")
-    medians = (
-        [r for r in three_a_side(doc["averaged_cases"]) if r["regime"] in host_paced]
-        + three_a_side(workers["averaged_worker_cases"])
-        + three_a_side(doc["averaged_gpus_cases"])
-    )
-    assert HOST_PACED_MEDIANS.cases == len(medians)
+    batch_rows = [r for r in three_a_side(doc["averaged_cases"]) if r["regime"] in host_paced]
+    gpus_rows = three_a_side(doc["averaged_gpus_cases"])
+    n_workers = cv["decline"]["median_cases"]
+    assert n_workers == len(three_a_side(workers["averaged_worker_cases"]))
+    medians = batch_rows + gpus_rows
+    assert HOST_PACED_MEDIANS.cases == len(medians) + n_workers
+    total = sum(r["ape_pct"] for r in medians) + n_workers * cv["decline"]["medians_mape_pct"]
     assert HOST_PACED_MEDIANS.mape_pct == pytest.approx(
-        sum(r["ape_pct"] for r in medians) / len(medians), abs=0.05
+        total / (len(medians) + n_workers), abs=0.05
     )
-    # what the medians take away is the runs' movement, not the predictor's error (9.8% run
-    # by run on the same cases, 6.1% median against median)
+    # what the medians take away is the runs' movement, not the predictor's error
     single = sum(r["single_ape_pct"] for r in medians) / len(medians)
-    assert HOST_PACED_MEDIANS.mape_pct < single
+    assert sum(r["ape_pct"] for r in medians) / len(medians) < single
+    assert cv["decline"]["medians_mape_pct"] < cv["decline"]["mape_pct"]
     # what a perfect prediction would score on the same cases: the target's movement alone
     # for batch changes (predicted from kernel times and probes), the source's and the
     # target's for worker counts (the measured loader's pace scaled) and 1 -> 2 GPUs (the
@@ -339,18 +373,16 @@ def test_the_validated_figures_are_the_committed_measurements():
 
     floors = doc["summary"]
     weighted = [
-        ([r for r in medians if r in doc["averaged_cases"]],
-         floors["noise_floor_host_bound_one_gpu"]["target_only_mape_pct"]),
-        (three_a_side(workers["averaged_worker_cases"]),
-         workers["summary"]["noise_floor_loader_fed"]["mape_pct"]),
-        (three_a_side(doc["averaged_gpus_cases"]),
-         floors["noise_floor_host_paced_gpus"]["mape_pct"]),
-    ]  # fmt: skip
-    assert HOST_PACED_FLOOR.cases == sum(len(rows) for rows, _ in weighted) == len(medians)
+        (len(batch_rows), floors["noise_floor_host_bound_one_gpu"]["target_only_mape_pct"]),
+        (n_workers, workers["summary"]["noise_floor_loader_fed"]["mape_pct"]),
+        (len(gpus_rows), floors["noise_floor_host_paced_gpus"]["mape_pct"]),
+    ]
+    assert HOST_PACED_FLOOR.cases == sum(n for n, _ in weighted) == HOST_PACED_MEDIANS.cases
     assert HOST_PACED_FLOOR.mape_pct == pytest.approx(
-        sum(len(rows) * pct for rows, pct in weighted) / len(medians), abs=0.05
+        sum(n * pct for n, pct in weighted) / HOST_PACED_FLOOR.cases, abs=0.05
     )
-    assert HOST_PACED_FLOOR.mape_pct < HOST_PACED_MEDIANS.mape_pct
+    # The medians now score under the estimated floor (4.8 against 5.4%): the floor is an
+    # estimate from a simple model of the runs' movement, on the high side on these ladders.
 
 
 def test_a_host_paced_prediction_says_how_far_its_runs_move_and_what_that_leaves():
@@ -362,9 +394,12 @@ def test_a_host_paced_prediction_says_how_far_its_runs_move_and_what_that_leaves
     )
 
     note = run_to_run_note(["workers"])
-    for figure in (HOST_PACED_REPEAT, HOST_PACED_MEDIANS, HOST_PACED_FLOOR):
+    for figure in (HOST_PACED_REPEAT, HOST_PACED_MEDIANS):
         assert f"{figure.mape_pct:.1f}%" in note
-    assert f"({HOST_PACED_MEDIANS.cases} cases)" in note and "perfect prediction" in note
+    assert f"({HOST_PACED_MEDIANS.cases} cases)" in note
+    # the estimated floor is not offered as a bound the prediction cannot beat: it does
+    assert HOST_PACED_MEDIANS.mape_pct < HOST_PACED_FLOOR.mape_pct
+    assert "perfect prediction" not in note
     # a prediction whose GPU sets the pace has no such note
     assert run_to_run_note(["batch_up"]) is None
 

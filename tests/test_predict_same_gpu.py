@@ -155,3 +155,32 @@ def test_the_noise_floor_is_what_a_perfect_predictor_scores_against_the_runs_spr
     assert 0 < own["target_only_mape_pct"] < own["mape_pct"]
     # a configuration run fewer than 3 times is not one the medians are scored on
     assert same_gpu.noise_floor(_runs("a", [90, 110]) + _runs("b", [45, 55])) is None
+
+
+def test_the_workers_decline_is_scored_on_ladders_it_was_not_fitted_on(tmp_path, monkeypatch):
+    """benchmarks/workers_decline_cv.py on the committed nine-ladder scoring reproduces the
+    committed figures (what VALIDATED["workers"] holds), and each held-out ladder's decline
+    was fitted without it."""
+    monkeypatch.chdir(BENCHMARKS)
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        spec = importlib.util.spec_from_file_location(
+            "workers_decline_cv", BENCHMARKS / "workers_decline_cv.py"
+        )
+        cv = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(cv)
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    (scored,) = RESULTS.glob("predict_same_gpu-workers-nine_ladders-*.json")
+    out = tmp_path / "cv.json"
+    assert cv.main([str(scored.relative_to(BENCHMARKS)), "--out", str(out)]) == 0
+    got = json.loads(out.read_text())
+    (committed,) = RESULTS.glob("workers_decline_cv-nine_ladders-*.json")
+    want = json.loads(committed.read_text())
+    for how in ("decline", "probe", "none"):
+        assert got["summary"][how] == pytest.approx(want["summary"][how])
+    assert got["summary"]["decline_fitted_on_all"] == want["summary"]["decline_fitted_on_all"]
+    assert [r["ladder"] for r in got["ladders"]] == [r["ladder"] for r in want["ladders"]]
+    # the folds' constants differ from one another: each was fitted on other ladders
+    fits = {r["decline_fitted_on_the_others"] for r in got["ladders"]}
+    assert len(fits) > 1 and all(0 < f < 1 for f in fits)

@@ -236,21 +236,58 @@ def allocation_frame(alloc: Allocation, curves: list[Curve]) -> pd.DataFrame:
     )
 
 
-def worker_pace_ratio(meta: dict, from_workers: int, to_workers: int) -> tuple[float, list[str]]:
-    """How one worker's pace at ``to_workers`` compares with its pace at ``from_workers``, from
-    the run's loader probe (``--prep-timing``), and a note; 1.0 where the run has no probe."""
+# Each worker's pace falls as more workers share the host's CPUs (memory bandwidth, caches,
+# clocks; the training process receiving and pinning their batches): by about
+# 1 / (1 + WORKER_DECLINE (W - 1) / CPUs) at W workers. Fitted on nine workers ladders (six
+# H100 and three H200 machines, 16 vCPUs each, 1-12 workers, 2026-11-27): fitted on eight and
+# scored on the ninth (0.32-0.40 fitted), 8.4% run by run and 4.9% median against median,
+# against 9.8% and 6.6% for the run's own loader probe, which saw half of the decline or none
+# of it (benchmarks/workers_decline_cv.py). The CPU count's part is an assumption: every
+# ladder had 16 vCPUs.
+WORKER_DECLINE = 0.36
+
+
+def worker_decline_ratio(cpus: int, from_workers: int, to_workers: int, decline: float) -> float:
+    """One worker's pace at ``to_workers`` over its pace at ``from_workers`` on ``cpus``."""
+    share = decline / max(cpus, 1)
+    return (1.0 + share * (from_workers - 1)) / (1.0 + share * (to_workers - 1))
+
+
+def _host_cpus(meta: dict) -> int | None:
+    env = meta.get("environment") or {}
+    cpus = env.get("cpu_affinity_count") or env.get("cpu_count_logical")
+    return int(cpus) if cpus else None
+
+
+def probe_pace_ratio(meta: dict, from_workers: int, to_workers: int) -> tuple[float, str | None]:
+    """One worker's pace at ``to_workers`` over ``from_workers`` by the run's loader probe
+    (``--prep-timing``), and what it saw; 1.0 where the run has no probe."""
     scaling = meta.get("loader_scaling")
     if from_workers == to_workers or not scaling:
-        return 1.0, []
+        return 1.0, None
     # the training process is busy beside the workers (it launches the steps and pins the
     # batches), so w workers keep w + 1 processes busy
     before = pace_at(scaling, from_workers + 1)
     after = pace_at(scaling, to_workers + 1)
-    ratio = after / before
-    note = (
-        f"the run's loader probe: one process prepared {after:,.0f} samples/s with "
-        f"{to_workers + 1} processes busy ({to_workers} workers and the training process) "
-        f"against {before:,.0f} with {from_workers + 1}: each worker's pace scaled by "
-        f"{ratio:.2f}"
+    seen = (
+        f"the run's loader probe saw one process prepare {after:,.0f} samples/s with "
+        f"{to_workers + 1} processes busy against {before:,.0f} with {from_workers + 1} "
+        f"({after / before:.2f}x); not used, as it caught half of the decline or less"
     )
-    return ratio, [note]
+    return after / before, seen
+
+
+def worker_pace_ratio(meta: dict, from_workers: int, to_workers: int) -> tuple[float, list[str]]:
+    """How one worker's pace at ``to_workers`` compares with its pace at ``from_workers`` on
+    the run's host, and notes."""
+    if from_workers == to_workers:
+        return 1.0, []
+    cpus = _host_cpus(meta)
+    ratio = worker_decline_ratio(cpus or 16, from_workers, to_workers, WORKER_DECLINE)
+    on = f"{cpus} CPUs" if cpus else "16 CPUs (the run did not record its host's)"
+    notes = [
+        f"each worker's pace scaled by {ratio:.2f} for {to_workers} workers sharing {on} "
+        f"instead of {from_workers} (the decline measured on nine workers ladders)"
+    ]
+    _, seen = probe_pace_ratio(meta, from_workers, to_workers)
+    return ratio, notes + ([seen] if seen else [])

@@ -1,0 +1,159 @@
+"""Leave-one-ladder-out check of the per-worker decline in `predict --workers` (issue 17).
+
+    python benchmarks/workers_decline_cv.py results/predict_same_gpu-workers-nine_ladders-*.json
+        [--out FILE.json]
+
+The scored JSON (predict_same_gpu.py on the workers ladders, by the predictor of this
+checkout) holds every run-to-run case with its prediction. A loader-bound prediction is the
+source loader's pace x the workers' ratio x one worker's pace ratio, so each case's prediction
+without a pace ratio is its prediction over the ratio it was made with (WORKER_DECLINE on the
+source run's CPUs). For each ladder the decline constant is fitted on the other ladders (least
+mean absolute percentage error, run by run) and scored on it: run by run, and as the median
+prediction of 3+ source runs against the median of 3+ target runs. Beside it: the run's loader
+probe's ratio (from the source's run.json in the bundles the JSON names; what `predict`
+used until 2026-11-27) and no ratio at all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tarfile
+from collections import defaultdict
+from pathlib import Path
+
+from gpulens.predict.workers import WORKER_DECLINE, probe_pace_ratio, worker_decline_ratio
+
+GRID = [i / 100 for i in range(0, 101)]  # decline per CPU share, 0 to 1
+
+
+def _run_metas(bundles: list[Path]) -> dict[str, dict]:
+    metas = {}
+    for bundle in bundles:
+        with tarfile.open(bundle) as tar:
+            for member in tar.getmembers():
+                if member.name.endswith("/run.json"):
+                    meta = json.load(tar.extractfile(member))
+                    metas[meta["run_id"]] = meta
+    return metas
+
+
+def _cpus(meta: dict) -> int:
+    env = meta.get("environment") or {}
+    return int(env.get("cpu_affinity_count") or env.get("cpu_count_logical") or 0)
+
+
+def _ape(predicted: float, measured: float) -> float:
+    return abs(predicted / measured - 1.0) * 100.0
+
+
+def _predict(case: dict, how: str, decline: float) -> float:
+    if how == "probe":
+        return case["unscaled"] * case["probe"]
+    if how == "none":
+        return case["unscaled"]
+    return case["unscaled"] * worker_decline_ratio(
+        case["cpus"], case["from_workers"], case["to_workers"], decline
+    )
+
+
+def _mape(cases: list[dict], how: str, decline: float = 0.0) -> float:
+    return statistics.mean(
+        _ape(_predict(c, how, decline), c["measured_samples_per_s"]) for c in cases
+    )
+
+
+def _medians(cases: list[dict], how: str, decline: float) -> list[float]:
+    groups = defaultdict(list)
+    for c in cases:
+        groups[(c["from_workers"], c["to_workers"], c["workload"])].append(c)
+    out = []
+    for cs in groups.values():
+        sources = {c["from"]: _predict(c, how, decline) for c in cs}
+        targets = {c["to"]: c["measured_samples_per_s"] for c in cs}
+        if len(sources) >= 3 and len(targets) >= 3:
+            out.append(
+                _ape(statistics.median(sources.values()), statistics.median(targets.values()))
+            )
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("scored", type=Path)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args(argv)
+    doc = json.loads(args.scored.read_text())
+    bundles = [Path(a) for a in doc["command"].split() if a.endswith(".tar.xz")]
+    base = args.scored.parent.parent  # the command names results/... from benchmarks/
+    metas = _run_metas([b if b.is_file() else base / b for b in bundles])
+    cases = []
+    for c in doc["worker_run_cases"]:
+        meta = metas[c["from"]]
+        cpus = _cpus(meta) or 16  # as predict assumes
+        made_with = worker_decline_ratio(cpus, c["from_workers"], c["to_workers"], WORKER_DECLINE)
+        probe, _ = probe_pace_ratio(meta, c["from_workers"], c["to_workers"])
+        unscaled = c["predicted_samples_per_s"] / made_with
+        cases.append({**c, "unscaled": unscaled, "probe": probe, "cpus": cpus})
+    ladders = sorted({c["origin"] for c in cases}, key=int)
+    rows, pooled = [], defaultdict(list)
+    for held in ladders:
+        test = [c for c in cases if c["origin"] == held]
+        train = [c for c in cases if c["origin"] != held]
+        decline = min(GRID, key=lambda d: _mape(train, "decline", d))
+        row = {
+            "ladder": bundles[int(held)].name,
+            "cases": len(test),
+            "decline_fitted_on_the_others": decline,
+        }
+        for how in ("decline", "probe", "none"):
+            singles = [_ape(_predict(c, how, decline), c["measured_samples_per_s"]) for c in test]
+            medians = _medians(test, how, decline)
+            pooled[how] += singles
+            pooled[how + "_medians"] += medians
+            row[f"{how}_mape_pct"] = statistics.mean(singles)
+            row[f"{how}_median_cases"] = len(medians)
+            row[f"{how}_medians_mape_pct"] = statistics.mean(medians) if medians else None
+        rows.append(row)
+    fitted_all = min(GRID, key=lambda d: _mape(cases, "decline", d))
+    summary = {
+        how: {
+            "cases": len(pooled[how]),
+            "mape_pct": statistics.mean(pooled[how]),
+            "median_cases": len(pooled[how + "_medians"]),
+            "medians_mape_pct": statistics.mean(pooled[how + "_medians"]),
+        }
+        for how in ("decline", "probe", "none")
+    }
+    summary["decline_fitted_on_all"] = fitted_all
+    summary["decline_in_sample_mape_pct"] = _mape(cases, "decline", fitted_all)
+    print(f"{'held-out ladder':<62} {'fit':>5} {'decline':>8} {'probe':>7} {'none':>7}  (medians)")
+    for r in rows:
+        print(
+            f"{r['ladder'][:62]:<62} {r['decline_fitted_on_the_others']:5.2f} "
+            f"{r['decline_mape_pct']:7.1f}% {r['probe_mape_pct']:6.1f}% {r['none_mape_pct']:6.1f}%"
+            + (
+                f"  ({r['decline_medians_mape_pct']:.1f} / {r['probe_medians_mape_pct']:.1f} / "
+                f"{r['none_medians_mape_pct']:.1f}%)"
+                if r["decline_median_cases"]
+                else "  (no configuration run 3 times)"
+            )
+        )
+    for how in ("decline", "probe", "none"):
+        s = summary[how]
+        print(
+            f"{how:<8} run by run {s['mape_pct']:5.2f}% over {s['cases']}, medians "
+            f"{s['medians_mape_pct']:5.2f}% over {s['median_cases']}"
+        )
+    print(f"fitted on all nine: {fitted_all:.2f} ({summary['decline_in_sample_mape_pct']:.2f}%)")
+    if args.out:
+        command = "python workers_decline_cv.py " + " ".join(sys.argv[1:])
+        out = {"command": command, "summary": summary, "ladders": rows}
+        args.out.write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
