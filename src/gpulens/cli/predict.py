@@ -67,8 +67,9 @@ def predict(
     workers: int = typer.Option(
         None,
         "--workers",
-        help="Data-loader workers per GPU [default: the run's]. From a run with --prep-timing, "
-        "each worker's pace follows the run's loader probe (how it falls as more share the host).",
+        help="Data-loader workers per GPU [default: the run's]. Each worker's pace falls as more "
+        "share the host's CPUs (by the decline measured on nine ladders); a run whose loader "
+        "kept up needs --prep-timing for its loader's own pace.",
     ),
     nodes: int = typer.Option(1, "--nodes", help="Nodes (hosts)."),
     network_gbps: float = typer.Option(
