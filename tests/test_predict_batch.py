@@ -248,6 +248,15 @@ def test_workers_scale_a_loader_bound_run_until_the_gpu_binds(tmp_path):
     assert any(
         f"scaled by {faster:.2f} for 5 workers sharing {cpus} CPUs" in n for n in fewer.notes
     )
+    # its error is the one validated on other worker counts of loader-bound runs on their own
+    # machines, not a loader-bound run's spread between sessions on another GPU
+    from gpulens.predict.validation import VALIDATED
+
+    assert fewer.validated_error_pct == VALIDATED["workers"].mape_pct
+    assert "loader_bound" in fewer.regimes
+    assert predict_run(rec, Target("H200", workers=5)).validated_error_pct == max(
+        VALIDATED["loader_bound"].mape_pct, VALIDATED["workers"].mape_pct
+    )
     more = predict_run(rec, Target(None, workers=60))
     # four times the workers, each slower, deliver a batch faster than the GPU needs it
     assert more.step_time_s == pytest.approx(busy, rel=1e-6)

@@ -451,7 +451,12 @@ def predict_run(record, target: Target, catalog: Path | None = None) -> Predicti
         )
         notes += ddp_note
         regimes += ["multi_gpu_host_paced"] * host_paced
-    error = validation.error_pct(method, *regimes)
+    # A loader-bound run's figure is its loader's spread between sessions on another GPU; on
+    # its own machine, other worker counts were validated on loader-bound runs themselves.
+    same_machine_workers = same_machine and "workers" in regimes
+    error = validation.error_pct(
+        method, *(r for r in regimes if not (r == "loader_bound" and same_machine_workers))
+    )
     repeat_note = validation.run_to_run_note(regimes)
     if fit_error is not None:
         error = max(fit_error, error or 0.0)
