@@ -359,6 +359,7 @@ def _ddp_host_floor(
     # host-paced pairs measured after the midpoint erred 11.2% run by run, all but a few too
     # fast (+7.5% on average); with it, 8.5% (+1.0%) on those 48 and 5.2% on the 16 before
     # (chosen on these 64, 2026-11-27: scaling the probe or the run's step instead did worse).
+    # On a pair measured after (e893365, 100 cases): 9.7% (+0.1%), against 12.0% (+7.4%).
     slowest = facts.slowest_of_ratio(target.total_gpus)
     host_s = 0.5 * (min(probe_s, facts.compute_s) + facts.compute_s) * slowest
     ddp_s = ddp_host_issue_s(facts.workload)

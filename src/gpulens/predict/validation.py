@@ -172,7 +172,8 @@ HOST_PACED_MEDIANS = Validated(
 # target_only_mape_pct: the prediction comes from kernel times and probes, 5.6%); for the
 # worker counts and 1 -> 2 GPUs the source's and the target's (noise_floor_loader_fed: the
 # prediction scales the measured loader's pace, 5.3%; noise_floor_host_paced_gpus: it scales
-# the source run's step, 7.7%); weighted by their cases.
+# the source run's step, 7.7%); weighted by their cases. The medians above score under it:
+# the model overstates the runs' movement on these ladders, so no note offers it as a bound.
 HOST_PACED_FLOOR = Validated(
     5.4,
     147,
