@@ -60,11 +60,28 @@ def script(tmp_path):
     return path
 
 
+@pytest.fixture(scope="module")
+def unmodified_run(tmp_path_factory):
+    """The script under `gpulens run --`, with a sitecustomize of the user's own on
+    PYTHONPATH (gpulens injects through one of its own, which must still run theirs): one run
+    read by the two tests below. The runs of the other tests here have none."""
+    tmp_path = tmp_path_factory.mktemp("unmodified")
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    marker = tmp_path / "marker"
+    (theirs / "sitecustomize.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    path = os.pathsep.join(p for p in (str(theirs), os.environ.get("PYTHONPATH")) if p)
+    doc, err = gpulens_run(tmp_path, script, env_extra={"PYTHONPATH": path})
+    return script, doc, err, marker
+
+
 @pytest.mark.slow
-def test_an_unmodified_script_gets_steps_and_the_same_results(tmp_path, script):
+def test_an_unmodified_script_gets_steps_and_the_same_results(unmodified_run):
+    script, doc, err, _ = unmodified_run
     plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                            timeout=120, check=True).stdout  # fmt: skip
-    doc, err = gpulens_run(tmp_path, script)
     assert "final loss" in err  # the script's output (kept off stdout under --json)
     loss = [line for line in err.splitlines() if line.startswith("final loss")][0]
     assert loss in plain  # injection never changes what the script computes
@@ -94,16 +111,21 @@ EVAL_LOOPS = {
                      "        for _ in range(len(val)):\n"
                      "            model(next(it)[0]).sum()\n",
 }  # fmt: skip
+EVAL_ORDER = ("no_grad_loop", "no_grad_forward", "sized_no_stop")
+assert set(EVAL_ORDER) == set(EVAL_LOOPS)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("eval_loop", sorted(EVAL_LOOPS))
-def test_evaluation_batches_are_no_training_steps(tmp_path, eval_loop):
-    """An evaluation pass after each epoch (no optimizer step): its batches are not steps."""
+def test_evaluation_batches_are_no_training_steps(tmp_path):
+    """An evaluation pass after each epoch (no optimizer step): its batches are not steps. One
+    run holds the three kinds of evaluation loop one after the other, the sized loader's last,
+    so that the next fetch to close its last batch is the training loop's, as on its own; a
+    batch of any of them counted as a step shows in the step count and in the batch sizes."""
     path = tmp_path / "with_eval.py"
     # after each epoch's training loop, inside the epoch loop
     with_eval = SCRIPT.replace(
-        "        opt.step()\n", "        opt.step()\n" + EVAL_LOOPS[eval_loop]
+        "        opt.step()\n",
+        "        opt.step()\n" + "".join(EVAL_LOOPS[name] for name in EVAL_ORDER),
     )
     assert with_eval != SCRIPT
     path.write_text(with_eval)
@@ -133,13 +155,8 @@ def test_a_script_that_tracks_itself_is_not_counted_twice(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_childs_own_sitecustomize_still_runs(tmp_path, script):
-    theirs = tmp_path / "theirs"
-    theirs.mkdir()
-    marker = tmp_path / "marker"
-    (theirs / "sitecustomize.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
-    path = os.pathsep.join(p for p in (str(theirs), os.environ.get("PYTHONPATH")) if p)
-    doc, _ = gpulens_run(tmp_path, script, env_extra={"PYTHONPATH": path})
+def test_the_childs_own_sitecustomize_still_runs(unmodified_run):
+    _, doc, _, marker = unmodified_run
     assert marker.read_text() == "ran" and doc["measured_steps"] == 64 - 5
 
 

@@ -1,4 +1,4 @@
-"""The Ray executor on a local Ray cluster: a 6-cell CPU sweep with one failing cell retried and
+"""The Ray executor on a local Ray cluster: a 4-cell CPU sweep with one failing cell retried and
 recorded, killed midway (SIGKILL of the driver) and resumed: only unfinished cells run again."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ pytest.importorskip("ray", reason="ray is not installed (pip install 'gpulens[sw
 SPEC = """name: ray-cpu
 command: run
 workload: tiny_cnn
-grid: {batch_size: [0, 2, 3, 4, 5, 6]}
+grid: {batch_size: [0, 2, 3, 4]}
 options: {steps: 2, device: cpu, no_store: true}
 """
 
@@ -30,7 +30,7 @@ def _states(sweep_dir):
     return out
 
 
-def test_ray_sweep_of_six_cells_retries_a_failure_and_resumes_after_a_kill(tmp_path):
+def test_ray_sweep_retries_a_failure_and_resumes_after_a_kill(tmp_path):
     spec = tmp_path / "spec.yaml"
     spec.write_text(SPEC)
     sweep_dir = tmp_path / "sweep"
@@ -46,19 +46,19 @@ def test_ray_sweep_of_six_cells_retries_a_failure_and_resumes_after_a_kill(tmp_p
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     done_before = {b: s["run_id"] for b, s in _states(sweep_dir).items() if s["status"] == "done"}
-    assert 2 <= len(done_before) < 6
+    assert 2 <= len(done_before) < 4
 
     res = subprocess.run([*cmd, "--resume"], capture_output=True, text=True, timeout=240)
     assert res.returncode == 1, res.stderr[-2000:]  # the failing cell makes the sweep exit 1
     doc = json.loads(res.stdout)
-    assert (doc["done"], doc["failed"], doc["remaining"]) == (5, 1, 0)
+    assert (doc["done"], doc["failed"], doc["remaining"]) == (3, 1, 0)
     by_batch = {c["config"]["batch_size"]: c for c in doc["cells"]}
     for batch, run_id in done_before.items():  # finished before the kill: not run again
         assert by_batch[batch]["run_id"] == run_id and by_batch[batch]["attempts"] == 1
     failed = by_batch[0]
     assert failed["status"] == "failed" and failed["attempts"] >= 2  # retried, then recorded
     assert "batch-size" in failed["error"]
-    for batch in (2, 3, 4, 5, 6):
+    for batch in (2, 3, 4):
         assert by_batch[batch]["status"] == "done" and by_batch[batch]["run_id"]
 
 
