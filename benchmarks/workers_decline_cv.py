@@ -24,7 +24,12 @@ import tarfile
 from collections import defaultdict
 from pathlib import Path
 
-from gpulens.predict.workers import WORKER_DECLINE, probe_pace_ratio, worker_decline_ratio
+from gpulens.predict.workers import (
+    WORKER_DECLINE,
+    host_cpus,
+    probe_pace_ratio,
+    worker_decline_ratio,
+)
 
 GRID = [i / 100 for i in range(0, 101)]  # decline per CPU share, 0 to 1
 
@@ -38,11 +43,6 @@ def _run_metas(bundles: list[Path]) -> dict[str, dict]:
                     meta = json.load(tar.extractfile(member))
                     metas[meta["run_id"]] = meta
     return metas
-
-
-def _cpus(meta: dict) -> int:
-    env = meta.get("environment") or {}
-    return int(env.get("cpu_affinity_count") or env.get("cpu_count_logical") or 0)
 
 
 def _ape(predicted: float, measured: float) -> float:
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     cases = []
     for c in doc["worker_run_cases"]:
         meta = metas[c["from"]]
-        cpus = _cpus(meta) or 16  # as predict assumes
+        cpus = host_cpus(meta) or 16  # as predict assumes
         made_with = worker_decline_ratio(cpus, c["from_workers"], c["to_workers"], WORKER_DECLINE)
         probe, _ = probe_pace_ratio(meta, c["from_workers"], c["to_workers"])
         unscaled = c["predicted_samples_per_s"] / made_with

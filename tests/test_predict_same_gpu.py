@@ -14,12 +14,11 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 RESULTS = BENCHMARKS / "results"
 
 
-def _module():
-    sys.path.insert(0, str(BENCHMARKS))  # predict_same_gpu imports predict_validation
+def _module(name: str = "predict_same_gpu"):
+    """A script of benchmarks/ as a module (predict_same_gpu imports predict_validation)."""
+    sys.path.insert(0, str(BENCHMARKS))
     try:
-        spec = importlib.util.spec_from_file_location(
-            "predict_same_gpu", BENCHMARKS / "predict_same_gpu.py"
-        )
+        spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
     finally:
@@ -162,15 +161,7 @@ def test_the_workers_decline_is_scored_on_ladders_it_was_not_fitted_on(tmp_path,
     committed figures (what VALIDATED["workers"] holds), and each held-out ladder's decline
     was fitted without it."""
     monkeypatch.chdir(BENCHMARKS)
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        spec = importlib.util.spec_from_file_location(
-            "workers_decline_cv", BENCHMARKS / "workers_decline_cv.py"
-        )
-        cv = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(cv)
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    cv = _module("workers_decline_cv")
     (scored,) = RESULTS.glob("predict_same_gpu-workers-nine_ladders-*.json")
     out = tmp_path / "cv.json"
     assert cv.main([str(scored.relative_to(BENCHMARKS)), "--out", str(out)]) == 0

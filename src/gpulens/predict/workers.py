@@ -253,7 +253,8 @@ def worker_decline_ratio(cpus: int, from_workers: int, to_workers: int, decline:
     return (1.0 + share * (from_workers - 1)) / (1.0 + share * (to_workers - 1))
 
 
-def _host_cpus(meta: dict) -> int | None:
+def host_cpus(meta: dict) -> int | None:
+    """The CPUs the run's process could use (its affinity), as its record says."""
     env = meta.get("environment") or {}
     cpus = env.get("cpu_affinity_count") or env.get("cpu_count_logical")
     return int(cpus) if cpus else None
@@ -282,7 +283,7 @@ def worker_pace_ratio(meta: dict, from_workers: int, to_workers: int) -> tuple[f
     the run's host, and notes."""
     if from_workers == to_workers:
         return 1.0, []
-    cpus = _host_cpus(meta)
+    cpus = host_cpus(meta)
     ratio = worker_decline_ratio(cpus or 16, from_workers, to_workers, WORKER_DECLINE)
     on = f"{cpus} CPUs" if cpus else "16 CPUs (the run did not record its host's)"
     notes = [
