@@ -10,6 +10,8 @@
 # second call on the same warm machine (GPULENS_HOME keeps the first call's runs, and the
 # bundle holds them all). Each run's record holds the loader probe of --prep-timing
 # (benchmarks/probe_variants.py makes a copy without it, to score the probe's share).
+# LABEL=cpus8 adds a word to the file names, to tell apart two ladders of one machine and day
+# (e.g. one run under `taskset -c 0-7`, to try the workers decline on fewer CPUs).
 set -uo pipefail
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 GPULENS_HOME=${GPULENS_HOME:-/tmp/gpulens-workers}
 OUT=${OUT:-benchmarks/results}
@@ -17,6 +19,7 @@ mkdir -p "$OUT" "$GPULENS_HOME"
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr ' ' '_')
 commit=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 day=$(date +%F)
+stem="$commit-$gpu${LABEL:+-$LABEL}-$day"
 images=${IMAGES_DIR:-/tmp/workers-ladder-images}
 [ -d "$images" ] || python3 -m gpulens.cli data make images --out "$images" --n "${IMAGES:-10000}" \
   --json > /dev/null || { echo "could not make the images" >&2; exit 1; }
@@ -41,8 +44,8 @@ for case in ${WORKERS_CASES:-resnet50:1,2,4,8 mobilenet_v3_small:1,2,4,8}; do
   done
 done
 tar czf "$GPULENS_HOME/full.tgz" -C "$GPULENS_HOME" runs
-python3 benchmarks/slim_records.py "$GPULENS_HOME/full.tgz" "$OUT/workers-ladder-$commit-$gpu-$day.tar.xz" \
+python3 benchmarks/slim_records.py "$GPULENS_HOME/full.tgz" "$OUT/workers-ladder-$stem.tar.xz" \
   --drop-loader-bound-prep-rows  # the per-sample rows are most of the bytes; see slim_records.py
 [ "${SCORE:-1}" = 0 ] && exit 0  # SCORE=0: score the bundle elsewhere (a call's seconds)
-python3 benchmarks/predict_same_gpu.py "$OUT/workers-ladder-$commit-$gpu-$day.tar.xz" \
-  --out "$OUT/predict_same_gpu-workers-$commit-$gpu-$day.json" || true
+python3 benchmarks/predict_same_gpu.py "$OUT/workers-ladder-$stem.tar.xz" \
+  --out "$OUT/predict_same_gpu-workers-$stem.json" || true
