@@ -120,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         return _main(argv)
     finally:
         interrupts.uninstall()
+        common.state["args"] = None  # a later resolve_target outside main reads sys.argv
 
 
 def _main(argv: list[str] | None) -> int:

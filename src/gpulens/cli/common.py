@@ -173,23 +173,26 @@ def resolve_target(args: list[str] | None, example: str = "") -> Target:
     - a workload name followed by more words that is no program: a usage error (both given);
     - one word that is neither a workload nor a program, without ``--``: unknown workload.
     """
-    from gpulens.workloads.models import list_workloads
-
     args = list(args or [])
     if not args:
         raise UsageError(
             "give a built-in workload (see `gpulens workloads`) or a command after --"
             + (f": {example}" if example else "")
         )
+    if _runnable(args[0]):
+        # a program is always a command: say so before the registry imports torch (seconds)
+        return Target(command=tuple(args))
+    from gpulens.workloads.models import list_workloads
+
     known = {w.name for w in list_workloads()}
     first = args[0]
-    if first in known and not _runnable(first):
+    if first in known:
         if len(args) > 1:
             raise UsageError(f"give either the workload '{first}' or a command after --, not both")
         if not after_dashes():
             return Target(workload=first)
         raise UsageError(f"'{first}' is a built-in workload, not a program: give it without --")
-    if len(args) == 1 and not after_dashes() and not _runnable(first):
+    if len(args) == 1 and not after_dashes():
         raise UsageError(
             f"unknown workload '{first}'; choose one of: {', '.join(sorted(known))} "
             "(or give a command after --)"
