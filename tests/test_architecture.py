@@ -120,6 +120,8 @@ def test_only_probes_nvml_imports_pynvml():
         "gpulens.colocate, gpulens.colocate.metrics, gpulens.colocate.recommend, "
         "gpulens.colocate.plan, gpulens.colocate.experiment",
         "gpulens.stalls.prep_summary, gpulens.record.reader, gpulens.store.mlflow_payload",
+        # a command's run and stall breakdown: the command imports torch, gpulens need not
+        "gpulens.launch.command, gpulens.stalls.command, gpulens.probes.environment",
     ],
 )
 def test_analyses_import_without_torch(modules):

@@ -24,7 +24,6 @@ from gpulens.stalls.config import RUN_KINDS, ProgressFn, StallResult
 from gpulens.stalls.model import Measured, breakdown_of, recommend, what_if
 from gpulens.workloads.config import TrainConfig
 from gpulens.workloads.tracking import FIRST_PASS_ENV, INGESTION_FREE_BATCHES, INGESTION_FREE_ENV
-from gpulens.workloads.train import run_training
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +59,8 @@ class TrainingBackend:
         self.runs_root, self.on_step = runs_root, on_step
 
     def run(self, role: str, **options: Any) -> RunResult:
+        from gpulens.workloads.train import run_training  # torch: a command's stalls never need it
+
         cfg = TrainConfig(name=f"stalls-{self.workload}-{role}", **{**self.common, **options})
         made = run_training(
             cfg,
