@@ -23,7 +23,7 @@ cells:
   - {workload: tiny_cnn, batch_size: 2}
   - {workload: tiny_cnn, batch_size: 3}
   - {workload: tiny_cnn, batch_size: 0}
-options: {steps: 2, device: cpu}
+options: {steps: 2, device: cpu, no_store: true}  # the store is not what a sweep tests
 """
 
 
