@@ -335,3 +335,17 @@ def test_an_old_price_on_the_pick_is_warned_even_when_the_catalog_is_fresh(capsy
     assert doc["catalog_date"] == fresh
     assert doc["recommended"]["instance"] == "cheap8"  # faster and cheaper than everything
     assert any("cheap8's price is older" in w and "2025-01-02" in w for w in doc["warnings"])
+
+
+def test_the_table_shows_every_instance_in_full_in_80_columns(capsys, monkeypatch):
+    # The bundled catalog's longest names (Standard_ND96isr_H100_v5) are what a user rents:
+    # a narrow terminal must not cut them short.
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, err = cli(capsys, "advise", str(SYNTHETIC), "--samples", "1e7", "--spot", "--json")
+    assert code == 0, err
+    names = {o["instance"] for o in json.loads(out)["options"]}
+    code, out, err = cli(capsys, "advise", str(SYNTHETIC), "--samples", "1e7", "--spot")
+    assert code == 0, err
+    words = set(out.split())
+    assert names <= words, sorted(names - words)
+    assert max(len(line) for line in out.splitlines()) <= 80

@@ -14,6 +14,7 @@ from rich.text import Text
 
 from gpulens.cli import common
 from gpulens.errors import UsageError
+from gpulens.report.terminal import COMPACT
 
 log = logging.getLogger("gpulens.cli.advise")
 
@@ -251,15 +252,23 @@ def advise(
 
 def _render(options, chosen, reason: str, run_id: str, samples: float, day: str) -> None:
     out = common.out
-    table = Table(title=f"{samples:,.0f} samples, predicted from {run_id} (prices of {day})")
-    for col in ("instance", "GPUs", "pricing", "hours (p90)", "USD (p90)", ""):
-        table.add_column(col, justify="right" if col[:1] in ("h", "U") else "left")
+    table = Table(title=f"{samples:,.0f} samples, predicted from {run_id} (prices of {day})",
+                  title_justify="left", **COMPACT)  # fmt: skip
+    # The instance is what the user rents: never cut short. Its provider and the p90s go on
+    # each row's second line, so the table reads in 80 columns.
+    table.add_column("instance\n(provider)", no_wrap=True)
+    table.add_column("GPUs", no_wrap=True)
+    table.add_column("pricing", no_wrap=True)
+    table.add_column("hours\n(p90)", justify="right", no_wrap=True)
+    table.add_column("USD\n(p90)", justify="right", no_wrap=True)
+    table.add_column("", no_wrap=True)
     for opt in options:
         gpus = f"{opt['gpus']}x {opt['gpu']}" + (f" x{opt['nodes']}" if opt["nodes"] > 1 else "")
-        mark = ("*" if opt["pareto"] else "") + (" <- pick" if opt is chosen else "")
-        table.add_row(f"{opt['provider']} {opt['instance']}", gpus, opt["pricing"],
-                      f"{opt['time_h']:.2f} ({opt['time_h_p90']:.2f})",
-                      f"{opt['cost_usd']:.2f} ({opt['cost_usd_p90']:.2f})", mark)  # fmt: skip
+        mark = ("*" if opt["pareto"] else " ") + (" <- pick" if opt is chosen else "")
+        instance = Text.assemble(opt["instance"], "\n", (f"({opt['provider']})", "dim"))
+        table.add_row(instance, gpus, opt["pricing"],
+                      f"{opt['time_h']:.2f}\n({opt['time_h_p90']:.2f})",
+                      f"{opt['cost_usd']:,.2f}\n({opt['cost_usd_p90']:,.2f})", mark)  # fmt: skip
     out.print(table)
     out.print(Text("* on the Pareto front (no option both faster and cheaper)"), highlight=False)
     if chosen is not None:

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-# Tables without side borders and with collapsed padding: they must read in 80 columns.
-COMPACT = {"box": box.SIMPLE_HEAD, "pad_edge": False, "collapse_padding": True, "show_edge": False}
+from gpulens.report.terminal import COMPACT
 
 
 def _num(value: Any, fmt: str = "{:,.1f}") -> str:

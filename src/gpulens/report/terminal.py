@@ -8,12 +8,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
 from gpulens.run.advice import advise
+
+# Tables without side borders and with collapsed padding: they must read in 80 columns.
+COMPACT = {"box": box.SIMPLE_HEAD, "pad_edge": False, "collapse_padding": True, "show_edge": False}
 
 
 def _fmt(value: Any, unit: str = "", digits: int = 1) -> str:
