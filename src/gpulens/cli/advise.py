@@ -218,11 +218,14 @@ def advise(
         warnings.append("no instance in the catalog has a spot price: add them with --catalog")
     options = _option_docs(result.options)
     chosen = options[result.recommended] if result.recommended is not None else None
-    if chosen is not None and chosen.get("price_date"):
-        # the catalog's date is its newest row's; the pick's own price may be older
-        old = cat.stale_warning(str(chosen["price_date"]))
-        if old and str(chosen["price_date"]) != day:
-            warnings.append(f"the recommended {chosen['instance']}'s price is older: " + old)
+    # the catalog's date is its newest row's; the pick's own price may be older
+    if chosen is not None and chosen.get("price_date") and str(chosen["price_date"]) != day:
+        old = cat.stale_warning(
+            str(chosen["price_date"]),
+            subject=f"the recommended {chosen['instance']}'s price",
+            newest_day=day,
+        )
+        warnings += [old] if old else []
     if json_out:
         common.emit_json({
             "catalog_date": day, "options": options, "recommended": chosen,

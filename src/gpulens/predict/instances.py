@@ -153,14 +153,21 @@ def catalog_date(instances: list[Instance]) -> str:
     return max(i.price_date for i in instances)
 
 
-def stale_warning(catalog_day: str, today: date | None = None) -> str | None:
-    """A warning when the catalog is older than ``STALE_AFTER_DAYS``; None otherwise."""
+def stale_warning(
+    catalog_day: str,
+    today: date | None = None,
+    subject: str = "the instance catalog",
+    newest_day: str | None = None,
+) -> str | None:
+    """A warning when ``subject`` (the catalog, or one instance's price, then with the
+    catalog's ``newest_day``) is older than ``STALE_AFTER_DAYS``; None otherwise."""
     age = ((today or date.today()) - date.fromisoformat(catalog_day)).days
     if age <= STALE_AFTER_DAYS:
         return None
+    newest = f"; the catalog's newest are of {newest_day}" if newest_day else ""
     return (
-        f"the instance catalog is {age} days old (prices of {catalog_day}): check current "
-        "prices and pass them with --catalog FILE"
+        f"{subject} is {age} days old (prices of {catalog_day}{newest}): check current prices "
+        "and pass them with --catalog FILE"
     )
 
 
