@@ -19,7 +19,7 @@ PREDICT_HELP = (
     "FLOPs and DRAM bytes. Another batch size rescales each kernel's op by its input shapes "
     "(needs the profiler window). The gradient all-reduce comes from a ring model (calibrated on "
     "1- and 2-GPU runs of the same workload in the store); the data pipeline keeps its measured "
-    "pace per worker. The output names the method and its error where it was validated; where "
+    "pace per worker, scaled by how it falls as more workers share the host's CPUs. The output names the method and its error where it was validated; where "
     "the host or the loader sets the pace, it also says how much two runs of one configuration "
     "differ (compare against the median of several runs).\n\n"
     "A RUN is a run id (or unique prefix, name, or 'latest') or a run directory.\n\n"
@@ -54,8 +54,9 @@ def predict(
         1,
         "--gpus",
         help="GPUs per node (same per-GPU batch). On the run's GPU, the host's own pace "
-        "(between its probe and the run's step) plus DDP's host work per step (more for "
-        "models with more parameter tensors) is the floor.",
+        "(between its probe and the run's step, lengthened by the wait for the slowest of the "
+        "N processes) plus DDP's host work per step (more for models with more parameter "
+        "tensors) is the floor.",
     ),
     batch_size: int = typer.Option(
         None,
