@@ -30,6 +30,14 @@ log = logging.getLogger(__name__)
 StepFn = Callable[[int, int | None, float, dict[str, Any]], None]
 
 
+def run_training(*args: Any, **kwargs: Any) -> RunResult:
+    """:func:`gpulens.workloads.train.run_training`, imported on first use: it imports torch,
+    which a command's stall breakdown never needs."""
+    from gpulens.workloads.train import run_training as train
+
+    return train(*args, **kwargs)
+
+
 def warm_page_cache(files: list[Path], notes: list[str]) -> None:
     """Read the dataset into the page cache; a note when RAM cannot hold it."""
     from gpulens.data import pagecache
@@ -59,8 +67,6 @@ class TrainingBackend:
         self.runs_root, self.on_step = runs_root, on_step
 
     def run(self, role: str, **options: Any) -> RunResult:
-        from gpulens.workloads.train import run_training  # torch: a command's stalls never need it
-
         cfg = TrainConfig(name=f"stalls-{self.workload}-{role}", **{**self.common, **options})
         made = run_training(
             cfg,
