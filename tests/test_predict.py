@@ -231,6 +231,21 @@ def test_h100_run_predicts_the_h200_measurement():
     assert p.validated_error_pct is not None
 
 
+def test_a_one_gpu_prediction_never_builds_the_model(monkeypatch):
+    # Counting the parameters builds the model, which imports torch (seconds): only an
+    # all-reduce needs them.
+    from gpulens.predict import predictor
+
+    def refuse(workload):
+        raise AssertionError(f"built {workload} for a 1-GPU prediction")
+
+    monkeypatch.setattr(predictor, "model_size", refuse)
+    for fixture, target in ((SYNTHETIC, Target("H200")), (CACHED, Target("H100", workers=4))):
+        assert predict_run(read_record(fixture), target).components_s["communication"] == 0.0
+    with pytest.raises(AssertionError, match="built resnet50"):
+        predict_run(read_record(SYNTHETIC), Target("H100", gpus=2))
+
+
 def test_two_gpus_add_the_ring_all_reduce():
     record = read_record(SYNTHETIC)
     one = predict_run(record, Target("H100"))

@@ -397,8 +397,10 @@ def predict_run(record, target: Target, catalog: Path | None = None) -> Predicti
     tgt = roofline.hardware(tgt_spec, column)
     batch = target.batch_size or facts.batch_size
     workers = facts.workers if target.workers is None else target.workers
-    params, _ = model_size(facts.workload)
-    pairs = _store_pairs(facts) if target.total_gpus > 1 or facts.gpus > 1 else []
+    multi_gpu = target.total_gpus > 1 or facts.gpus > 1
+    # only an all-reduce needs the parameter count (building the model imports torch: seconds)
+    params = model_size(facts.workload)[0] if multi_gpu else None
+    pairs = _store_pairs(facts) if multi_gpu else []
     comm: Communication = communication(params, facts.ddp_bucket_mb, pairs, src_spec)
     comm_src = comm.exposed_s(src_spec, facts.gpus)
     core = max(facts.gpu_time_s - comm_src, 0.5 * facts.gpu_time_s)
@@ -434,7 +436,7 @@ def predict_run(record, target: Target, catalog: Path | None = None) -> Predicti
     overhead = facts.overhead_s
     compute = host + core * ratio + max(overhead, 0.0)
     comm_tgt = comm.exposed_s(tgt_spec, target.gpus, target.nodes, target.network_gbps)
-    if target.total_gpus > 1 or facts.gpus > 1:
+    if multi_gpu:
         source = (
             "calibrated on " + ", ".join(comm.calibrated_on)
             if comm.calibrated_on
