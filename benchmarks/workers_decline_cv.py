@@ -1,17 +1,19 @@
 """Leave-one-ladder-out check of the per-worker decline in `predict --workers` (issue 17).
 
-    python benchmarks/workers_decline_cv.py results/predict_same_gpu-workers-nine_ladders-*.json
+    python benchmarks/workers_decline_cv.py results/predict_same_gpu-workers-eleven_ladders-*.json
         [--out FILE.json]
 
 The scored JSON (predict_same_gpu.py on the workers ladders, by the predictor of this
 checkout) holds every run-to-run case with its prediction. A loader-bound prediction is the
 source loader's pace x the workers' ratio x one worker's pace ratio, so each case's prediction
-without a pace ratio is its prediction over the ratio it was made with (WORKER_DECLINE on the
-source run's CPUs). For each ladder the decline constant is fitted on the other ladders (least
-mean absolute percentage error, run by run) and scored on it: run by run, and as the median
-prediction of 3+ source runs against the median of 3+ target runs. Beside it: the run's loader
-probe's ratio (from the source's run.json in the bundles the JSON names; what `predict`
-used until 2026-11-27) and no ratio at all.
+without a pace ratio is its prediction over the ratio it was made with (predict's own
+worker_decline_ratio, so score the JSON with this checkout). For each ladder the decline
+constant is fitted on the other ladders (least mean absolute percentage error, run by run) and
+scored on it: run by run, and as the median prediction of 3+ source runs against the median of
+3+ target runs. Beside it: the same with the decline per share of the CPUs (the rule until
+2026-11-27, whose CPU scaling the 8- and 32-CPU ladders tested), the run's loader probe's ratio
+(from the source's run.json in the bundles the JSON names; what `predict` used until
+2026-11-27) and no ratio at all.
 """
 
 from __future__ import annotations
@@ -25,13 +27,24 @@ from collections import defaultdict
 from pathlib import Path
 
 from gpulens.predict.workers import (
-    WORKER_DECLINE,
     host_cpus,
     probe_pace_ratio,
     worker_decline_ratio,
 )
 
-GRID = [i / 100 for i in range(0, 101)]  # decline per CPU share, 0 to 1
+# "decline": predict's own rule (workers.worker_pace, a decline per extra worker); "per_cpu":
+# the rule before 2026-11-27, a decline per share of the host's CPUs, 1 / (1 + c (W - 1) /
+# CPUs), fitted then on 16-vCPU hosts only; "probe": the run's loader probe; "none": no ratio
+GRIDS = {
+    "decline": [i / 1000 for i in range(0, 81)],  # per extra worker
+    "per_cpu": [i / 100 for i in range(0, 101)],  # per extra worker's share of the CPUs
+}
+HOWS = ("decline", "per_cpu", "probe", "none")
+
+
+def _per_cpu_ratio(cpus: int, from_workers: int, to_workers: int, decline: float) -> float:
+    share = decline / max(cpus, 1)
+    return (1.0 + share * (from_workers - 1)) / (1.0 + share * (to_workers - 1))
 
 
 def _run_metas(bundles: list[Path]) -> dict[str, dict]:
@@ -54,9 +67,13 @@ def _predict(case: dict, how: str, decline: float) -> float:
         return case["unscaled"] * case["probe"]
     if how == "none":
         return case["unscaled"]
-    return case["unscaled"] * worker_decline_ratio(
-        case["cpus"], case["from_workers"], case["to_workers"], decline
-    )
+    if how == "per_cpu":
+        ratio = _per_cpu_ratio(case["cpus"], case["from_workers"], case["to_workers"], decline)
+    else:
+        ratio = worker_decline_ratio(
+            case["from_workers"], case["to_workers"], case["recorded_cpus"], decline
+        )
+    return case["unscaled"] * ratio
 
 
 def _mape(cases: list[dict], how: str, decline: float = 0.0) -> float:
@@ -92,23 +109,27 @@ def main(argv: list[str] | None = None) -> int:
     cases = []
     for c in doc["worker_run_cases"]:
         meta = metas[c["from"]]
-        cpus = host_cpus(meta) or 16  # as predict assumes
-        made_with = worker_decline_ratio(cpus, c["from_workers"], c["to_workers"], WORKER_DECLINE)
+        recorded = host_cpus(meta)
+        made_with = worker_decline_ratio(c["from_workers"], c["to_workers"], recorded)
         probe, _ = probe_pace_ratio(meta, c["from_workers"], c["to_workers"])
         unscaled = c["predicted_samples_per_s"] / made_with
-        cases.append({**c, "unscaled": unscaled, "probe": probe, "cpus": cpus})
+        case = {**c, "unscaled": unscaled, "probe": probe}
+        cases.append({**case, "recorded_cpus": recorded, "cpus": recorded or 16})
     ladders = sorted({c["origin"] for c in cases}, key=int)
     rows, pooled = [], defaultdict(list)
     for held in ladders:
         test = [c for c in cases if c["origin"] == held]
         train = [c for c in cases if c["origin"] != held]
-        decline = min(GRID, key=lambda d: _mape(train, "decline", d))
+        fitted = {how: min(grid, key=lambda d: _mape(train, how, d)) for how, grid in GRIDS.items()}
         row = {
             "ladder": bundles[int(held)].name,
+            "cpus": sorted({c["cpus"] for c in test}),
             "cases": len(test),
-            "decline_fitted_on_the_others": decline,
+            "decline_fitted_on_the_others": fitted["decline"],
+            "per_cpu_fitted_on_the_others": fitted["per_cpu"],
         }
-        for how in ("decline", "probe", "none"):
+        for how in HOWS:
+            decline = fitted.get(how, 0.0)
             singles = [_ape(_predict(c, how, decline), c["measured_samples_per_s"]) for c in test]
             medians = _medians(test, how, decline)
             pooled[how] += singles
@@ -117,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
             row[f"{how}_median_cases"] = len(medians)
             row[f"{how}_medians_mape_pct"] = statistics.mean(medians) if medians else None
         rows.append(row)
-    fitted_all = min(GRID, key=lambda d: _mape(cases, "decline", d))
+    fitted_all = {how: min(grid, key=lambda d: _mape(cases, how, d)) for how, grid in GRIDS.items()}
     summary = {
         how: {
             "cases": len(pooled[how]),
@@ -125,29 +146,37 @@ def main(argv: list[str] | None = None) -> int:
             "median_cases": len(pooled[how + "_medians"]),
             "medians_mape_pct": statistics.mean(pooled[how + "_medians"]),
         }
-        for how in ("decline", "probe", "none")
+        for how in HOWS
     }
-    summary["decline_fitted_on_all"] = fitted_all
-    summary["decline_in_sample_mape_pct"] = _mape(cases, "decline", fitted_all)
-    print(f"{'held-out ladder':<62} {'fit':>5} {'decline':>8} {'probe':>7} {'none':>7}  (medians)")
+    for how in GRIDS:
+        summary[f"{how}_fitted_on_all"] = fitted_all[how]
+        summary[f"{how}_in_sample_mape_pct"] = _mape(cases, how, fitted_all[how])
+    print(
+        f"{'held-out ladder':<52} {'cpus':>4} {'fit':>5} {'decline':>7} {'per_cpu':>7} "
+        f"{'probe':>6} {'none':>6}  (medians)"
+    )
     for r in rows:
         print(
-            f"{r['ladder'][:62]:<62} {r['decline_fitted_on_the_others']:5.2f} "
-            f"{r['decline_mape_pct']:7.1f}% {r['probe_mape_pct']:6.1f}% {r['none_mape_pct']:6.1f}%"
+            f"{r['ladder'][:52]:<52} {','.join(map(str, r['cpus'])):>4} "
+            f"{r['decline_fitted_on_the_others']:5.3f} {r['decline_mape_pct']:6.1f}% "
+            f"{r['per_cpu_mape_pct']:6.1f}% {r['probe_mape_pct']:5.1f}% {r['none_mape_pct']:5.1f}%"
             + (
-                f"  ({r['decline_medians_mape_pct']:.1f} / {r['probe_medians_mape_pct']:.1f} / "
-                f"{r['none_medians_mape_pct']:.1f}%)"
+                "  (" + " / ".join(f"{r[how + '_medians_mape_pct']:.1f}" for how in HOWS) + "%)"
                 if r["decline_median_cases"]
                 else "  (no configuration run 3 times)"
             )
         )
-    for how in ("decline", "probe", "none"):
+    for how in HOWS:
         s = summary[how]
         print(
             f"{how:<8} run by run {s['mape_pct']:5.2f}% over {s['cases']}, medians "
             f"{s['medians_mape_pct']:5.2f}% over {s['median_cases']}"
         )
-    print(f"fitted on all nine: {fitted_all:.2f} ({summary['decline_in_sample_mape_pct']:.2f}%)")
+    for how in GRIDS:
+        print(
+            f"{how} fitted on all {len(ladders)} ladders: {fitted_all[how]:g} "
+            f"({summary[how + '_in_sample_mape_pct']:.2f}% in sample)"
+        )
     if args.out:
         command = "python workers_decline_cv.py " + " ".join(sys.argv[1:])
         out = {"command": command, "summary": summary, "ladders": rows}

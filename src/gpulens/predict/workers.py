@@ -236,21 +236,34 @@ def allocation_frame(alloc: Allocation, curves: list[Curve]) -> pd.DataFrame:
     )
 
 
-# Each worker's pace falls as more workers share the host's CPUs (memory bandwidth, caches,
-# clocks; the training process receiving and pinning their batches): by about
-# 1 / (1 + WORKER_DECLINE (W - 1) / CPUs) at W workers. Fitted on nine workers ladders (six
-# H100 and three H200 machines, 16 vCPUs each, 1-12 workers, 2026-11-27): fitted on eight and
-# scored on the ninth (0.32-0.40 fitted), 8.4% run by run and 4.9% median against median,
-# against 9.8% and 6.6% for the run's own loader probe, which saw half of the decline or none
-# of it (benchmarks/workers_decline_cv.py). The CPU count's part is an assumption: every
-# ladder had 16 vCPUs.
-WORKER_DECLINE = 0.36
+# Each worker's pace falls as more workers run beside it (memory bandwidth, caches, clocks;
+# the training process receiving and pinning their batches): by about
+# 1 / (1 + WORKER_DECLINE (W - 1)) at W workers, whatever the host's CPU count. Nine ladders
+# on 16-vCPU hosts (six H100, three H200; 1-12 workers) gave the constant; two on a 32-CPU
+# H200 host, one with all 32 CPUs and one under `taskset -c 0-7` (2026-11-27), showed it does
+# not scale with the CPUs: at 8 workers each worker kept 0.86 of its pace on 32 CPUs and 0.85
+# on 8, where a decline per CPU share had predicted 0.93 and 0.76. Fitted on ten ladders and
+# scored on the eleventh, in turn (benchmarks/workers_decline_cv.py): 9.3% run by run and
+# 4.9% median against median, against 10.1% and 5.7% per CPU share. Where the workers and the
+# training process outnumber the CPUs, each worker gets at most its share of them: an
+# arithmetic bound, never reached on the ladders (8 workers on 8 CPUs kept 0.85, the bound
+# 0.89).
+WORKER_DECLINE = 0.024
 
 
-def worker_decline_ratio(cpus: int, from_workers: int, to_workers: int, decline: float) -> float:
-    """One worker's pace at ``to_workers`` over its pace at ``from_workers`` on ``cpus``."""
-    share = decline / max(cpus, 1)
-    return (1.0 + share * (from_workers - 1)) / (1.0 + share * (to_workers - 1))
+def worker_pace(workers: int, cpus: int | None, decline: float = WORKER_DECLINE) -> float:
+    """One worker's pace at ``workers`` workers over its pace alone on the host."""
+    pace = 1.0 / (1.0 + decline * (workers - 1))
+    if cpus and workers + 1 > cpus:  # the workers and the training process share the CPUs
+        pace = min(pace, cpus / (workers + 1))
+    return pace
+
+
+def worker_decline_ratio(
+    from_workers: int, to_workers: int, cpus: int | None = None, decline: float = WORKER_DECLINE
+) -> float:
+    """One worker's pace at ``to_workers`` over its pace at ``from_workers``."""
+    return worker_pace(to_workers, cpus, decline) / worker_pace(from_workers, cpus, decline)
 
 
 def host_cpus(meta: dict) -> int | None:
@@ -284,11 +297,17 @@ def worker_pace_ratio(meta: dict, from_workers: int, to_workers: int) -> tuple[f
     if from_workers == to_workers:
         return 1.0, []
     cpus = host_cpus(meta)
-    ratio = worker_decline_ratio(cpus or 16, from_workers, to_workers, WORKER_DECLINE)
-    on = f"{cpus} CPUs" if cpus else "16 CPUs (the run did not record its host's)"
+    ratio = worker_decline_ratio(from_workers, to_workers, cpus)
     notes = [
-        f"each worker's pace scaled by {ratio:.2f} for {to_workers} workers sharing {on} "
-        f"instead of {from_workers} (the decline measured on nine workers ladders)"
+        f"each worker's pace scaled by {ratio:.2f} for {to_workers} workers instead of "
+        f"{from_workers} (the decline measured on eleven workers ladders, hosts of 8-32 CPUs)"
     ]
+    if cpus and to_workers + 1 > cpus:
+        notes.append(
+            f"{to_workers} workers and the training process outnumber the run's {cpus} CPUs: "
+            f"each worker is held to its share of them (an arithmetic bound, not measured)"
+        )
+    elif not cpus:
+        notes.append("the run did not record its CPU count: no bound for workers beyond it")
     _, seen = probe_pace_ratio(meta, from_workers, to_workers)
     return ratio, notes + ([seen] if seen else [])
