@@ -61,11 +61,21 @@ def test_bad_curves(ws, ts):
 
 def test_predicted_curve_from_a_loader_bound_run():
     # 8 workers, step 0.1 s of which 0.06 s waiting, batch 128: the GPU alone needs 0.04 s.
+    from gpulens.predict.workers import worker_decline_ratio
+
     c = predicted_curve("a", 128, 0.1, 0.06, 8, 32)
     assert c.at(8) == pytest.approx(1280.0)  # what the run measured
-    assert c.at(4) == pytest.approx(640.0)  # linear below: loader-bound
+    # loader-bound below: half the workers, each a little faster with fewer beside it (the
+    # decline `predict --workers` uses)
+    assert c.at(4) == pytest.approx(640.0 * worker_decline_ratio(8, 4))
+    assert 640.0 < c.at(4) < 700.0
     assert c.at(32) == pytest.approx(128 / 0.04)  # the GPU's ceiling
     assert c.source == "predicted" and "loader-bound" in c.note
+    # on a host of 8 CPUs, 16 workers and the training process share them: the loader gains
+    # less than twice from 8 workers to 16
+    small = predicted_curve("a", 128, 0.1, 0.06, 8, 16, host_cpus=8)
+    assert small.at(16) == pytest.approx(2560.0 * worker_decline_ratio(8, 16, 8))
+    assert small.at(16) < 1.5 * small.at(8)
 
 
 def test_measured_curve_from_runs_at_several_worker_counts():

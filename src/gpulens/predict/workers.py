@@ -49,10 +49,17 @@ class Curve:
 
 
 def predicted_curve(
-    job: str, batch_size: int, step_s: float, data_wait_s: float, workers: int, cpus: int
+    job: str,
+    batch_size: int,
+    step_s: float,
+    data_wait_s: float,
+    workers: int,
+    cpus: int,
+    host_cpus: int | None = None,
 ) -> Curve:
     """From one run: per sample the GPU needs ``(step - data wait) / batch``; each worker
-    prepares a sample in ``t_prep``; the slower side sets the pace (the stall model's what-if)."""
+    prepares a sample in ``t_prep``, slower as more workers run beside it (the decline
+    ``predict --workers`` uses, on the run's ``host_cpus``); the slower side sets the pace."""
     if step_s <= 0 or batch_size < 1:
         raise UsageError(f"job {job}: its run has no measured step time to build a curve from")
     t_gpu = max(step_s - data_wait_s, 1e-12) / batch_size
@@ -63,8 +70,11 @@ def predicted_curve(
     else:  # the loader kept up: each worker was at most this slow (a pessimistic curve)
         t_prep, how = t_gpu * workers, f"GPU-bound at {workers} workers (loader speed a bound)"
     ws = tuple(range(1, max(cpus, 1) + 1))
-    tput = tuple(1.0 / max(t_gpu, t_prep / w) for w in ws)
-    return Curve(job, ws, tput, "predicted", f"from one run, {how}")
+    source = max(workers, 1)  # loading in-process: one worker's pace
+    tput = tuple(
+        1.0 / max(t_gpu, t_prep / (w * worker_decline_ratio(source, w, host_cpus))) for w in ws
+    )
+    return Curve(job, ws, tput, "predicted", f"from one run, {how}; each worker's pace declining")
 
 
 def _num(value) -> float | None:
@@ -127,6 +137,7 @@ def curve_for_job(job: str, metas: list[dict], cpus: int) -> Curve:
         _num(phases.get("data_wait")) or 0.0,
         int(newest.get("workers") or 0),
         cpus,
+        host_cpus(runs[-1]),
     )
 
 
