@@ -256,9 +256,10 @@ def allocation_frame(alloc: Allocation, curves: list[Curve]) -> pd.DataFrame:
 # on 8, where a decline per CPU share had predicted 0.93 and 0.76. Fitted on ten ladders and
 # scored on the eleventh, in turn (benchmarks/workers_decline_cv.py): 9.3% run by run and
 # 4.9% median against median, against 10.1% and 5.7% per CPU share. Where the workers and the
-# training process outnumber the CPUs, each worker gets at most its share of them: an
-# arithmetic bound, never reached on the ladders (8 workers on 8 CPUs kept 0.85, the bound
-# 0.89).
+# training process outnumber the CPUs, each worker gets at most its share of them. One round
+# on 4 CPUs (8e48836, taskset -c 0-3) kept 0.67 of one worker's pace at 4 workers and 0.38 at
+# 8, where this bound gives 0.80 and 0.44 (without it, 0.93 and 0.86): right in kind, about
+# 18% high; 8 workers on 8 CPUs kept 0.85, the bound 0.89, not reached.
 WORKER_DECLINE = 0.024
 
 
@@ -316,7 +317,8 @@ def worker_pace_ratio(meta: dict, from_workers: int, to_workers: int) -> tuple[f
     if cpus and to_workers + 1 > cpus:
         notes.append(
             f"{to_workers} workers and the training process outnumber the run's {cpus} CPUs: "
-            f"each worker is held to its share of them (an arithmetic bound, not measured)"
+            f"each worker is held to its share of them (a bound that erred about 18% high "
+            f"on one ladder of 4 CPUs)"
         )
     elif not cpus:
         notes.append("the run did not record its CPU count: no bound for workers beyond it")
