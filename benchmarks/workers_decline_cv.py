@@ -113,8 +113,10 @@ def main(argv: list[str] | None = None) -> int:
         made_with = worker_decline_ratio(c["from_workers"], c["to_workers"], recorded)
         probe, _ = probe_pace_ratio(meta, c["from_workers"], c["to_workers"])
         unscaled = c["predicted_samples_per_s"] / made_with
-        case = {**c, "unscaled": unscaled, "probe": probe}
-        cases.append({**case, "recorded_cpus": recorded, "cpus": recorded or 16})
+        cases.append(
+            {**c, "unscaled": unscaled, "probe": probe, "recorded_cpus": recorded,
+             "cpus": recorded or 16}
+        )  # fmt: skip
     ladders = sorted({c["origin"] for c in cases}, key=int)
     rows, pooled = [], defaultdict(list)
     for held in ladders:

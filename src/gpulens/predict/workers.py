@@ -263,10 +263,15 @@ def allocation_frame(alloc: Allocation, curves: list[Curve]) -> pd.DataFrame:
 WORKER_DECLINE = 0.024
 
 
+def _outnumbered(workers: int, cpus: int | None) -> bool:
+    """Whether the workers and the training process outnumber the CPUs."""
+    return bool(cpus) and workers + 1 > cpus
+
+
 def worker_pace(workers: int, cpus: int | None, decline: float = WORKER_DECLINE) -> float:
     """One worker's pace at ``workers`` workers over its pace alone on the host."""
     pace = 1.0 / (1.0 + decline * (workers - 1))
-    if cpus and workers + 1 > cpus:  # the workers and the training process share the CPUs
+    if _outnumbered(workers, cpus):
         pace = min(pace, cpus / (workers + 1))
     return pace
 
@@ -314,7 +319,7 @@ def worker_pace_ratio(meta: dict, from_workers: int, to_workers: int) -> tuple[f
         f"each worker's pace scaled by {ratio:.2f} for {to_workers} workers instead of "
         f"{from_workers} (the decline measured on eleven workers ladders, hosts of 8-32 CPUs)"
     ]
-    if cpus and to_workers + 1 > cpus:
+    if _outnumbered(to_workers, cpus):
         notes.append(
             f"{to_workers} workers and the training process outnumber the run's {cpus} CPUs: "
             f"each worker is held to its share of them (a bound that erred about 18% high "
