@@ -70,8 +70,9 @@ def predict(
         None,
         "--workers",
         help="Data-loader workers per GPU [default: the run's]. Each worker's pace falls as more "
-        "run beside it (by the decline measured on eleven ladders, hosts of 8-32 CPUs), and "
-        "is held to its share of the CPUs where the workers outnumber them; a run whose "
+        "run beside it (by the decline measured on fifteen ladders, hosts of 2-32 CPUs), and "
+        "the workers share what the training process leaves of the CPUs where they need more "
+        "than the run had; a run whose "
         "loader kept up needs --prep-timing for its loader's own pace.",
     ),
     nodes: int = typer.Option(1, "--nodes", help="Nodes (hosts)."),

@@ -94,16 +94,22 @@ VALIDATED: dict[str, Validated] = {
     # (8b59e90, one H200 host of 32 CPUs: all 32, and 8 under taskset) showed the decline
     # does not scale with the CPU count as first assumed (per CPU share: 12.5 and 15.2% there;
     # per extra worker: 7.6 and 14.1%), so it is now per extra worker, scored as it would do on
-    # a ladder it was not fitted on: fitted on ten, scored on the eleventh, in turn
-    # (workers_decline_cv-eleven_ladders-*.json; 9.2% fitted on all eleven). The form was
-    # chosen after the two ladders were seen; the constant was not.
+    # a ladder it was not fitted on: fitted on ten, scored on the eleventh, in turn (9.3%;
+    # the form was chosen after the two ladders were seen, the constant was not). Four more
+    # under taskset on 4 and 2 CPUs (8e48836, 5dc77d4) tested the bound where the workers
+    # outnumber the CPUs: CPUs / (W + 1) erred 13.5, 11.8 and 19.1% on 5dc77d4's three, so the
+    # workers now share what the training process leaves (workers.TRAINING_PROCESS_CPUS, read
+    # off the 4-CPU ladders, then predicted the 2-CPU one before it ran). Both constants
+    # fitted on fourteen ladders and scored on the fifteenth, in turn
+    # (workers_decline_cv-fifteen_ladders-*.json; every fold chose 0.2 CPUs; 8.7% fitted on
+    # all fifteen; the bound of before: 10.2%).
     "workers": Validated(
-        9.3,
-        1662,
+        8.8,
+        2082,
         "loader workers 1-16, resnet18, resnet50, mobilenet_v3_small and vit_b_16 bf16 with "
-        "their JPEG loaders on six H100 and four H200 machines of 8-32 CPUs (predict --workers "
-        "on every other run of the job, the decline fitted on the other ladders); two runs "
-        "of one worker count differed by 10.5%",
+        "their JPEG loaders on six H100 and six H200 machines of 2-32 CPUs (predict --workers "
+        "on every other run of the job, the constants fitted on the other ladders); two runs "
+        "of one worker count differed by 9.8%",
     ),
     # The same ladders' 2-GPU parts (nine H200 pairs), split by whether the host's floor bound
     # the prediction (_ddp_host_floor). DDP's host time per gradient tensor
@@ -160,14 +166,14 @@ HOST_PACED_REPEAT = Validated(
 # from 3-5 processes of the source configuration against the median of 3-5 processes of the
 # target, interleaved (the twenty-two-ladder JSON's averaged cases with 3-5 runs a side: 23
 # batch changes, 4.6%, and eight 1 -> 2 GPU pairs, 3.8% (573495b's four, 3 a side, chosen on;
-# e893365's four, 5 a side, after); the 140 worker-count changes of the eleven workers
-# ladders, each scored with the decline fitted on the other ten, 4.9%; with the loader
-# probe, before: 7.0%). The hold of a probe to the run's step
+# e893365's four, 5 a side, after); the 170 worker-count changes of the fifteen workers
+# ladders, each scored with the constants fitted on the other fourteen, 4.3%; with the bound
+# CPUs / (W + 1) before: 6.2%; with the loader probe: 7.9%). The hold of a probe to the run's step
 # (predictor) was added after 6a4684a's runs were seen (its 29: 5.8% before, 5.0% after);
 # 6dfacd1, 573495b and five loader-probe ladders were measured after it.
 HOST_PACED_MEDIANS = Validated(
-    4.8,
-    171,
+    4.3,
+    201,
     "host-paced batch, worker and 1 -> 2 GPU changes, median of 3-5 processes against median",
 )
 # What a perfect prediction would score on those cases, from the runs' own movement between
@@ -175,12 +181,12 @@ HOST_PACED_MEDIANS = Validated(
 # the batch changes the target median's alone (noise_floor_host_bound_one_gpu,
 # target_only_mape_pct: the prediction comes from kernel times and probes, 5.6%); for the
 # worker counts and 1 -> 2 GPUs the source's and the target's (noise_floor_loader_fed: the
-# prediction scales the measured loader's pace, 6.0%; noise_floor_host_paced_gpus: it scales
+# prediction scales the measured loader's pace, 5.6%; noise_floor_host_paced_gpus: it scales
 # the source run's step, 7.7%); weighted by their cases. The medians above score under it:
 # the model overstates the runs' movement on these ladders, so no note offers it as a bound.
 HOST_PACED_FLOOR = Validated(
-    6.0,
-    171,
+    5.6,
+    201,
     "a perfect prediction of the same host-paced batch, worker and 1 -> 2 GPU changes, "
     "medians of 3 runs",
 )

@@ -253,34 +253,49 @@ def allocation_frame(alloc: Allocation, curves: list[Curve]) -> pd.DataFrame:
 # on 16-vCPU hosts (six H100, three H200; 1-12 workers) gave the constant; two on a 32-CPU
 # H200 host, one with all 32 CPUs and one under `taskset -c 0-7` (2026-11-27), showed it does
 # not scale with the CPUs: at 8 workers each worker kept 0.86 of its pace on 32 CPUs and 0.85
-# on 8, where a decline per CPU share had predicted 0.93 and 0.76. Fitted on ten ladders and
-# scored on the eleventh, in turn (benchmarks/workers_decline_cv.py): 9.3% run by run and
-# 4.9% median against median, against 10.1% and 5.7% per CPU share. Where the workers and the
-# training process outnumber the CPUs, each worker gets at most its share of them. One round
-# on 4 CPUs (8e48836, taskset -c 0-3) kept 0.67 of one worker's pace at 4 workers and 0.38 at
-# 8, where this bound gives 0.80 and 0.44 (without it, 0.93 and 0.86): right in kind, about
-# 18% high; 8 workers on 8 CPUs kept 0.85, the bound 0.89, not reached.
+# on 8, where a decline per CPU share had predicted 0.93 and 0.76.
 WORKER_DECLINE = 0.024
+# Where the workers and the training process need more CPUs than the run has, the workers
+# share what the training process leaves them: each gets (CPUs - TRAINING_PROCESS_CPUS) / W of
+# a CPU, on top of the decline. The training process keeps about a tenth to a third of a CPU
+# busy beside loader-bound workers (its records' process-tree CPU less one per worker, 8-32
+# CPUs). Ladders under `taskset` on 4 and 2 CPUs (5dc77d4, H200, resnet18 and
+# mobilenet_v3_small, 2026-11-27) kept 0.88-0.91 of one worker's pace at 4 workers on 4 CPUs
+# and 0.40 at 8, 0.87 at 2 workers on 2 CPUs and 0.41 at 4; the bound used before,
+# min(decline, CPUs / (W + 1)), gave 0.80, 0.44, 0.67 and 0.40. 0.2 was read off the 4-CPU
+# ladders and then predicted the 2-CPU one (0.88 and 0.42) before it was run.
+TRAINING_PROCESS_CPUS = 0.2
 
 
-def _outnumbered(workers: int, cpus: int | None) -> bool:
-    """Whether the workers and the training process outnumber the CPUs."""
-    return bool(cpus) and workers + 1 > cpus
+def _outnumbered(workers: int, cpus: int | None, training_cpus: float) -> bool:
+    """Whether the workers and the training process need more CPUs than the run has."""
+    return bool(cpus) and workers + training_cpus > cpus
 
 
-def worker_pace(workers: int, cpus: int | None, decline: float = WORKER_DECLINE) -> float:
-    """One worker's pace at ``workers`` workers over its pace alone on the host."""
+def worker_pace(
+    workers: int,
+    cpus: int | None,
+    decline: float = WORKER_DECLINE,
+    training_cpus: float = TRAINING_PROCESS_CPUS,
+) -> float:
+    """One worker's pace at ``workers`` workers over its pace alone on an idle host."""
     pace = 1.0 / (1.0 + decline * (workers - 1))
-    if _outnumbered(workers, cpus):
-        pace = min(pace, cpus / (workers + 1))
+    if _outnumbered(workers, cpus, training_cpus):
+        pace *= max(cpus - training_cpus, 0.0) / workers
     return pace
 
 
 def worker_decline_ratio(
-    from_workers: int, to_workers: int, cpus: int | None = None, decline: float = WORKER_DECLINE
+    from_workers: int,
+    to_workers: int,
+    cpus: int | None = None,
+    decline: float = WORKER_DECLINE,
+    training_cpus: float = TRAINING_PROCESS_CPUS,
 ) -> float:
     """One worker's pace at ``to_workers`` over its pace at ``from_workers``."""
-    return worker_pace(to_workers, cpus, decline) / worker_pace(from_workers, cpus, decline)
+    return worker_pace(to_workers, cpus, decline, training_cpus) / worker_pace(
+        from_workers, cpus, decline, training_cpus
+    )
 
 
 def host_cpus(meta: dict) -> int | None:
@@ -317,14 +332,19 @@ def worker_pace_ratio(meta: dict, from_workers: int, to_workers: int) -> tuple[f
     ratio = worker_decline_ratio(from_workers, to_workers, cpus)
     notes = [
         f"each worker's pace scaled by {ratio:.2f} for {to_workers} workers instead of "
-        f"{from_workers} (the decline measured on eleven workers ladders, hosts of 8-32 CPUs)"
+        f"{from_workers} (the decline measured on fifteen workers ladders, hosts of 2-32 CPUs)"
     ]
-    if _outnumbered(to_workers, cpus):
+    if _outnumbered(to_workers, cpus, TRAINING_PROCESS_CPUS):
         notes.append(
             f"{to_workers} workers and the training process outnumber the run's {cpus} CPUs: "
-            f"each worker is held to its share of them (a bound that erred about 18% high "
-            f"on one ladder of 4 CPUs)"
+            f"the workers share what the training process leaves of them (validated on "
+            f"4 and 2 CPUs)"
         )
+        if to_workers > 2 * cpus:
+            notes.append(
+                f"no ladder measured more than twice as many workers as CPUs (8 on 4, 4 on 2): "
+                f"{to_workers} on {cpus} is an extrapolation"
+            )
     elif not cpus:
         notes.append("the run did not record its CPU count: no bound for workers beyond it")
     _, seen = probe_pace_ratio(meta, from_workers, to_workers)
