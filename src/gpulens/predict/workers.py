@@ -260,7 +260,7 @@ WORKER_DECLINE = 0.024
 # a CPU, on top of the decline. The training process keeps about a tenth to a third of a CPU
 # busy beside loader-bound workers (its records' process-tree CPU less one per worker, 8-32
 # CPUs). Ladders under `taskset` on 4 and 2 CPUs (5dc77d4, H200, resnet18 and
-# mobilenet_v3_small, 2026-11-27) kept 0.88-0.91 of one worker's pace at 4 workers on 4 CPUs
+# mobilenet_v3_small, 2026-11-27) kept 0.88-0.92 of one worker's pace at 4 workers on 4 CPUs
 # and 0.40 at 8, 0.87 at 2 workers on 2 CPUs and 0.41 at 4; the bound used before,
 # min(decline, CPUs / (W + 1)), gave 0.80, 0.44, 0.67 and 0.40. 0.2 was read off the 4-CPU
 # ladders and then predicted the 2-CPU one (0.88 and 0.42) before it was run.
