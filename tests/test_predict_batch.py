@@ -270,6 +270,8 @@ def test_workers_scale_a_loader_bound_run_until_the_gpu_binds(tmp_path):
     assert more.step_time_s == pytest.approx(step * 15 / (24 * crowded), rel=1e-6)
     assert more.step_time_s > step
     assert any("outnumber the run's 16 CPUs" in n for n in more.notes)
+    delivered = 24 * crowded / 15
+    assert any(f"24 workers would prepare {delivered:.2f}x what 15 did" in n for n in more.notes)
     assert not any("extrapolation" in n for n in more.notes)
     # beyond twice the CPUs no ladder measured: the prediction says so
     many = predict_run(rec, Target(None, workers=60))

@@ -340,6 +340,12 @@ def worker_pace_ratio(meta: dict, from_workers: int, to_workers: int) -> tuple[f
             f"the workers share what the training process leaves of them (validated on "
             f"4 and 2 CPUs)"
         )
+        delivered = to_workers * ratio / from_workers
+        if to_workers > from_workers and delivered < 1.0:
+            notes.append(
+                f"so {to_workers} workers would prepare {delivered:.2f}x what {from_workers} "
+                f"did: on {cpus} CPUs, more workers slow the loader"
+            )
         if to_workers > 2 * cpus:
             notes.append(
                 f"no ladder measured more than twice as many workers as CPUs (8 on 4, 4 on 2): "

@@ -112,6 +112,13 @@ def _pip_cudnn_version(cuda: str | None) -> int | None:
     return major * (10000 if major >= 9 else 1000) + minor * 100 + patch
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity, as `taskset` or a container sets it)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def capture_environment(gpus: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """Host, Python, torch, CUDA and GPU facts. ``gpus`` is ``describe_gpus()``'s output."""
     from gpulens import __version__
@@ -124,9 +131,7 @@ def capture_environment(gpus: list[dict[str, Any]] | None = None) -> dict[str, A
         "cpu_model": cpu_model(),
         "cpu_count_logical": psutil.cpu_count(logical=True),
         "cpu_count_physical": psutil.cpu_count(logical=False),
-        "cpu_affinity_count": len(os.sched_getaffinity(0))
-        if hasattr(os, "sched_getaffinity")
-        else None,
+        "cpu_affinity_count": usable_cpus() if hasattr(os, "sched_getaffinity") else None,
         "ram_bytes": psutil.virtual_memory().total,
         "git_commit": git_commit(Path.cwd()),
     }

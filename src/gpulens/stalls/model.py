@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from gpulens.predict.workers import worker_decline_ratio
 from gpulens.run.result import RunResult
 
 log = logging.getLogger(__name__)
@@ -191,7 +192,9 @@ def what_if(
     when there is a cold run), cache sizes and storage.
 
     The model: the GPU needs ``t_if`` per sample; ``W`` loader processes each need ``t_prep``
-    of CPU (and ``t_fetch`` waiting on storage) per sample; the slower side sets the pace.
+    of CPU (and ``t_fetch`` waiting on storage) per sample; the slower side sets the pace. At
+    another worker count each worker's CPU time per sample follows ``predict --workers``'s
+    pace (the decline per extra worker, and the CPUs' share beyond ``cpu_count``).
     """
     t_if = ingestion_free.per_sample_s
     # The loader's time per sample and worker: at least its CPU time, and at least what the
@@ -200,8 +203,9 @@ def what_if(
     if t_prep <= t_if * max(workers, 1) and prep_cpu_s_per_sample:
         t_prep = prep_cpu_s_per_sample  # GPU-bound: the cached pace says nothing of the loader
     out: dict[str, Any] = {
-        "model": "per sample: max(compute time, loader time per worker / workers); workers "
-        "scale linearly up to the CPU count, each file's fetch adds latency + size / bandwidth"
+        "model": "per sample: max(compute time, loader time per worker / workers); each "
+        "worker's CPU time grows with the workers beside it (as predict --workers) and with "
+        "more workers than CPUs; each file's fetch adds latency + size / bandwidth"
     }
     # Under the storage the breakdown measured (cold when there is a cold run), as the current
     # throughput the recommendations compare with: each worker also waits on its reads.
@@ -212,7 +216,8 @@ def what_if(
     for w in sorted({1, 2, 4, 8, 16, 32, workers, cpu_count}):
         if w < 1 or w > max(cpu_count, workers):
             continue
-        worker_pred[str(w)] = 1.0 / max(t_if, (t_prep + t_fetch) / w)
+        t_prep_at_w = t_prep / worker_decline_ratio(max(workers, 1), w, cpu_count)
+        worker_pred[str(w)] = 1.0 / max(t_if, (t_prep_at_w + t_fetch) / w)
     out["workers"] = worker_pred
     if cold is not None:
         cache_pred = {}

@@ -4,11 +4,11 @@ its loader. Pure: works on ``RunResult``s and imports no torch."""
 from __future__ import annotations
 
 import math
-import os
 from typing import Any
 
 import numpy as np
 
+from gpulens.probes.environment import usable_cpus
 from gpulens.run.result import RunResult
 from gpulens.run.thresholds import LOADER_BOUND_DATA_WAIT
 from gpulens.stalls.model import Z95, pool_estimates
@@ -61,7 +61,7 @@ def read_stall_from_paired(
         "read_ms_per_sample_cached": read_ms("cached"),
         "read_ms_per_sample_cold": read_ms("cold"),
         "loader_bound": loader_bound,
-        "cpu_oversubscribed": workers + 1 > (os.cpu_count() or 1),
+        "cpu_oversubscribed": workers + 1 > usable_cpus(),
     }
 
 
@@ -119,5 +119,5 @@ def read_stall_from_timers(
         "read_ms_per_sample_cached": 1000.0 * cached[0],
         "read_ms_per_sample_cold": 1000.0 * cold[0],
         "loader_bound": loader_bound,
-        "cpu_oversubscribed": workers + 1 > (os.cpu_count() or 1),
+        "cpu_oversubscribed": workers + 1 > usable_cpus(),
     }

@@ -11,7 +11,6 @@ repeats, notes, what-if, recommendations) the same way for both backends:
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any, Protocol
 
 from gpulens.errors import RuntimeFailure
 from gpulens.launch.command import run_command
+from gpulens.probes.environment import usable_cpus
 from gpulens.run.result import RunResult, role_name
 from gpulens.stalls.config import RUN_KINDS, ProgressFn, StallResult
 from gpulens.stalls.model import Measured, breakdown_of, recommend, what_if
@@ -194,7 +194,7 @@ class StallRunner:
             cached,
             cold,
             workers if workers is not None else 1,
-            os.cpu_count() or 1,
+            usable_cpus(),
             mean_file_bytes,
             prep_cpu_s_per_sample,
         )
