@@ -327,6 +327,31 @@ def test_each_workers_pace_falls_with_the_workers_beside_it_not_the_cpu_count():
     assert any("did not record its CPU count" in n for n in notes)
 
 
+def test_two_ranks_on_one_host_share_its_workers_pace(tmp_path):
+    """A loader-bound run of one GPU predicted on two of its host's GPUs: each rank's 15
+    workers run beside the other rank's, so each worker slows by the decline of 30 workers
+    and the 30 share what two training processes leave of the 16 CPUs; the note says this is
+    not validated on a loader-bound run of several GPUs."""
+    from gpulens.predict.workers import TRAINING_PROCESS_CPUS, worker_pace
+
+    rec = read_record(_loader_bound(tmp_path))
+    step = rec.meta["summary"]["phases_s"]["step"]
+    two = predict_run(rec, Target(None, gpus=2))
+    ratio = worker_pace(30, 16, training_cpus=2 * TRAINING_PROCESS_CPUS) / worker_pace(
+        15, 16, training_cpus=TRAINING_PROCESS_CPUS
+    )
+    assert 0.3 < ratio < 0.5
+    assert two.loader_bound
+    assert two.step_time_s == pytest.approx(step / ratio, rel=1e-6)
+    assert two.throughput_samples_per_s == pytest.approx(2 * 128 * ratio / step, rel=1e-6)
+    assert any(f"scaled by {ratio:.2f} for 2 ranks' 30 workers instead of 15" in n
+               for n in two.notes)  # fmt: skip
+    assert any("not validated on a loader-bound run of several GPUs" in n for n in two.notes)
+    assert any("30 workers and 2 training processes outnumber" in n for n in two.notes)
+    # one rank with the same workers: nothing to scale
+    assert not any("ranks'" in n for n in predict_run(rec, Target(None, workers=15)).notes)
+
+
 def test_the_loader_probe_is_reported_not_used(tmp_path):
     """A probe that saw one process's pace fall from 9 busy processes on is named in the
     notes; the prediction is the same as without it (on nine ladders the probe caught half

@@ -298,9 +298,11 @@ def _loader_wait(
     batch: int,
     workers: int,
     loader_bound: bool,
+    ranks: int = 1,
 ) -> tuple[float, list[str], bool]:
-    """The data wait per step at ``batch`` and ``workers``, notes, and whether the loader's own
-    pace decides it without having been measured."""
+    """The data wait per step at ``batch`` and ``workers`` per rank with ``ranks`` ranks on
+    each host, notes, and whether the loader's own pace decides it without having been
+    measured."""
     if workers != facts.workers and facts.synthetic_data:
         raise UsageError(
             f"run {facts.run_id} made its batches on the device (--data synthetic): it has no "
@@ -311,7 +313,9 @@ def _loader_wait(
             f"run {facts.run_id} loaded its data in the training process (workers 0): "
             "--workers is predicted from a run with loader workers (`--workers 1` or more)"
         )
-    unchanged = batch == facts.batch_size and workers == facts.workers
+    s = record.meta.get("summary") or {}
+    source_ranks = max(1, facts.gpus // max(1, int(s.get("nnodes") or 1)))
+    unchanged = batch == facts.batch_size and workers == facts.workers and ranks == source_ranks
     if facts.synthetic_data or (unchanged and not loader_bound):
         return data_wait_s, [], False
     capacity = None
@@ -321,7 +325,9 @@ def _loader_wait(
         # each worker prepares samples at its measured pace, as the host's probe says that
         # pace changes with the processes busy at once; the loader's step is the batch at
         # that pace times the workers
-        pace, pace_notes = worker_pace_ratio(record.meta, facts.workers, workers)
+        pace, pace_notes = worker_pace_ratio(
+            record.meta, facts.workers, workers, source_ranks, ranks
+        )
         loader_step = batch / (capacity * pace * workers / max(facts.workers, 1))
         if not loader_bound:
             return max(data_wait_s, loader_step - busy_s), pace_notes, False
@@ -467,7 +473,7 @@ def predict_run(record, target: Target, catalog: Path | None = None) -> Predicti
     busy = compute + comm_tgt + h2d
     data_wait = max(0.0, facts.data_wait_s + min(overhead, 0.0))
     data_wait, loader_notes, loader_unknown = _loader_wait(
-        record, facts, busy, data_wait, batch, workers, loader_bound
+        record, facts, busy, data_wait, batch, workers, loader_bound, target.gpus
     )
     notes += loader_notes
     if loader_unknown:

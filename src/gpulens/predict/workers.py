@@ -323,22 +323,36 @@ def probe_pace_ratio(meta: dict, from_workers: int, to_workers: int) -> tuple[fl
     return after / before, seen
 
 
-def worker_pace_ratio(meta: dict, from_workers: int, to_workers: int) -> tuple[float, list[str]]:
-    """How one worker's pace at ``to_workers`` compares with its pace at ``from_workers`` on
-    the run's host, and notes."""
-    if from_workers == to_workers:
+def worker_pace_ratio(
+    meta: dict, from_workers: int, to_workers: int, from_ranks: int = 1, to_ranks: int = 1
+) -> tuple[float, list[str]]:
+    """How one worker's pace at ``to_workers`` per rank compares with its pace at
+    ``from_workers`` on the run's host, and notes. The ranks (training processes) on the host
+    count: their workers slow each other and share its CPUs."""
+    if from_workers == to_workers and from_ranks == to_ranks:
         return 1.0, []
     cpus = host_cpus(meta)
-    ratio = worker_decline_ratio(from_workers, to_workers, cpus)
+    host_from, host_to = from_workers * from_ranks, to_workers * to_ranks
+    ratio = worker_pace(
+        host_to, cpus, training_cpus=TRAINING_PROCESS_CPUS * to_ranks
+    ) / worker_pace(host_from, cpus, training_cpus=TRAINING_PROCESS_CPUS * from_ranks)
+    whose = f"{to_workers} workers" if to_ranks == 1 else f"{to_ranks} ranks' {host_to} workers"
     notes = [
-        f"each worker's pace scaled by {ratio:.2f} for {to_workers} workers instead of "
-        f"{from_workers} (the decline measured on fifteen workers ladders, hosts of 2-32 CPUs)"
+        f"each worker's pace scaled by {ratio:.2f} for {whose} instead of "
+        f"{from_workers * from_ranks} (the decline measured on fifteen workers ladders, hosts "
+        f"of 2-32 CPUs)"
     ]
-    if _outnumbered(to_workers, cpus, TRAINING_PROCESS_CPUS):
+    if from_ranks != to_ranks:
         notes.append(
-            f"{to_workers} workers and the training process outnumber the run's {cpus} CPUs: "
-            f"the workers share what the training process leaves of them (validated on "
-            f"4 and 2 CPUs)"
+            "the workers of every rank on the host slow each other and share its CPUs: "
+            "not validated on a loader-bound run of several GPUs"
+        )
+    if _outnumbered(host_to, cpus, TRAINING_PROCESS_CPUS * to_ranks):
+        processes = "the training process" if to_ranks == 1 else f"{to_ranks} training processes"
+        notes.append(
+            f"{host_to} workers and {processes} outnumber the run's {cpus} CPUs: "
+            f"the workers share what the training processes leave of them (validated on "
+            f"4 and 2 CPUs, one training process)"
         )
         delivered = to_workers * ratio / from_workers
         if to_workers > from_workers and delivered < 1.0:
@@ -346,10 +360,10 @@ def worker_pace_ratio(meta: dict, from_workers: int, to_workers: int) -> tuple[f
                 f"so {to_workers} workers would prepare {delivered:.2f}x what {from_workers} "
                 f"did: on {cpus} CPUs, more workers slow the loader"
             )
-        if to_workers > 2 * cpus:
+        if host_to > 2 * cpus:
             notes.append(
                 f"no ladder measured more than twice as many workers as CPUs (8 on 4, 4 on 2): "
-                f"{to_workers} on {cpus} is an extrapolation"
+                f"{host_to} on {cpus} is an extrapolation"
             )
     elif not cpus:
         notes.append("the run did not record its CPU count: no bound for workers beyond it")
