@@ -351,7 +351,8 @@ def worker_pace_ratio(
         processes = "the training process" if to_ranks == 1 else f"{to_ranks} training processes"
         notes.append(
             f"{host_to} workers and {processes} outnumber the run's {cpus} CPUs: "
-            f"the workers share what the training processes leave of them (validated on "
+            f"the workers share what {'it leaves' if to_ranks == 1 else 'they leave'} of "
+            f"them (validated on "
             f"4 and 2 CPUs, one training process)"
         )
         delivered = to_workers * ratio / from_workers
