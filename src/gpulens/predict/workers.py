@@ -349,11 +349,10 @@ def worker_pace_ratio(
         )
     if _outnumbered(host_to, cpus, TRAINING_PROCESS_CPUS * to_ranks):
         processes = "the training process" if to_ranks == 1 else f"{to_ranks} training processes"
+        leave = "it leaves" if to_ranks == 1 else "the training processes leave"
         notes.append(
-            f"{host_to} workers and {processes} outnumber the run's {cpus} CPUs: "
-            f"the workers share what {'it leaves' if to_ranks == 1 else 'they leave'} of "
-            f"them (validated on "
-            f"4 and 2 CPUs, one training process)"
+            f"{host_to} workers and {processes} outnumber the run's {cpus} CPUs: the workers "
+            f"share what {leave} of them (validated on 4 and 2 CPUs, one training process)"
         )
         delivered = to_workers * ratio / from_workers
         if to_workers > from_workers and delivered < 1.0:
