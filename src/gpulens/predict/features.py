@@ -41,6 +41,7 @@ class RunFacts:
     synthetic_data: bool = False  # batches made on the device: no loader to predict
     host_issue_s: float | None = None  # the host's issue of a step on an idle GPU (probed)
     compute_steps_s: tuple[float, ...] = ()  # each measured step's compute phase, sorted
+    ranks_per_host: int = 1  # training processes on one host (their workers share it)
 
     def slowest_of_ratio(self, processes: int) -> float:
         """How much longer the slowest of ``processes`` independent steps takes than one
@@ -164,6 +165,8 @@ def run_facts(record) -> RunFacts:
         synthetic_data=str(eff.get("data") or "") == "synthetic",
         host_issue_s=_num(s.get("host_issue_s_per_step")),
         compute_steps_s=_compute_steps_s(steps),
+        ranks_per_host=max(1, int(s.get("gpus") or s.get("processes") or 1))
+        // max(1, int(s.get("nnodes") or 1)),
     )
 
 

@@ -300,9 +300,8 @@ def _loader_wait(
     loader_bound: bool,
     ranks: int = 1,
 ) -> tuple[float, list[str], bool]:
-    """The data wait per step at ``batch`` and ``workers`` per rank with ``ranks`` ranks on
-    each host, notes, and whether the loader's own pace decides it without having been
-    measured."""
+    """The data wait per step at ``batch``, ``workers`` a rank and ``ranks`` a host, notes, and
+    whether the loader's own pace decides it without having been measured."""
     if workers != facts.workers and facts.synthetic_data:
         raise UsageError(
             f"run {facts.run_id} made its batches on the device (--data synthetic): it has no "
@@ -313,9 +312,7 @@ def _loader_wait(
             f"run {facts.run_id} loaded its data in the training process (workers 0): "
             "--workers is predicted from a run with loader workers (`--workers 1` or more)"
         )
-    s = record.meta.get("summary") or {}
-    source_ranks = max(1, facts.gpus // max(1, int(s.get("nnodes") or 1)))
-    unchanged = batch == facts.batch_size and workers == facts.workers and ranks == source_ranks
+    unchanged = (batch, workers, ranks) == (facts.batch_size, facts.workers, facts.ranks_per_host)
     if facts.synthetic_data or (unchanged and not loader_bound):
         return data_wait_s, [], False
     capacity = None
@@ -326,7 +323,7 @@ def _loader_wait(
         # pace changes with the processes busy at once; the loader's step is the batch at
         # that pace times the workers
         pace, pace_notes = worker_pace_ratio(
-            record.meta, facts.workers, workers, source_ranks, ranks
+            record.meta, facts.workers, workers, facts.ranks_per_host, ranks
         )
         loader_step = batch / (capacity * pace * workers / max(facts.workers, 1))
         if not loader_bound:
