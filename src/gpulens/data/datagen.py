@@ -37,6 +37,7 @@ from statistics import NormalDist
 import numpy as np
 
 from gpulens.errors import UsageError
+from gpulens.probes.environment import usable_cpus
 
 logger = logging.getLogger(__name__)
 
@@ -48,13 +49,6 @@ _NOISE_SIGMA_RANGE = (16, 32)
 _IN_PROCESS_MAX_IMAGES = 64  # below this a process pool costs more than it saves
 _CHUNK_IMAGES = 64
 _TOKEN_CHUNK = 1 << 24
-
-
-def _available_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def _pid_alive(pid: int) -> bool:
@@ -201,7 +195,7 @@ def make_images(
             (tmp, s, min(s + _CHUNK_IMAGES, n), num_classes, seed, width, height, quality)
             for s in range(0, n, _CHUNK_IMAGES)
         ]
-        n_workers = min(workers or _available_cpus(), len(chunks))
+        n_workers = min(workers or usable_cpus(), len(chunks))
         if n <= _IN_PROCESS_MAX_IMAGES or n_workers <= 1:
             results: Iterator = map(_write_images, chunks)
             pool = None

@@ -7,7 +7,6 @@ device; what needs the device (fp16 on a CPU) is checked when the config is reso
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, fields, replace
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from gpulens.data.affinity import WORKER_AFFINITIES
 from gpulens.errors import UsageError
 from gpulens.launch.multinode import NodeTopology
+from gpulens.probes.environment import usable_cpus
 
 if TYPE_CHECKING:
     from gpulens.workloads.models import WorkloadSpec
@@ -147,8 +147,7 @@ class TrainConfig:
 def default_workers(data: str) -> int:
     if data == "synthetic":
         return 0
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, min(8, (cpus or 2) - 1))
+    return max(1, min(8, usable_cpus() - 1))
 
 
 # Settings known only once the run has built its parts, or only for several processes: written
