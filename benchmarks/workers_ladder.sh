@@ -12,6 +12,8 @@
 # (benchmarks/probe_variants.py makes a copy without it, to score the probe's share).
 # LABEL=cpus8 adds a word to the file names, to tell apart two ladders of one machine and day
 # (e.g. one run under `taskset -c 0-7`, to try the workers decline on fewer CPUs).
+# GPUS="1 2" runs every worker count on 1 GPU and as 2-GPU DDP (W workers a rank; named -g2-),
+# interleaved: predict_same_gpu.py scores each 1-GPU run's `predict --gpus 2` on the pair.
 set -uo pipefail
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 GPULENS_HOME=${GPULENS_HOME:-/tmp/gpulens-workers}
 OUT=${OUT:-benchmarks/results}
@@ -29,17 +31,19 @@ for case in ${WORKERS_CASES:-resnet50:1,2,4,8 mobilenet_v3_small:1,2,4,8}; do
   IFS=, read -r -a counts <<< "${case##*:}"
   for r in ${ROUNDS:-$(seq 1 "${REPEATS:-1}")}; do
     for w in "${counts[@]}"; do
-      name="workers-$job-w$w-r$r"
-      if (( $(date +%s) - start_s > ${BUDGET_S:-420} )); then echo "$name skipped: budget" >&2; continue; fi
-      timeout 150 python3 -m gpulens.cli run "$job" --data "$images" --workers "$w" --prep-timing \
-        --precision bf16 --duration "${DURATION_S:-15}" --no-store --name "$name" --json \
-        > "$GPULENS_HOME/$name.json" 2> "$GPULENS_HOME/$name.log" \
-        || echo "$name failed: $(tail -1 "$GPULENS_HOME/$name.log")" >&2
-      python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(sys.argv[2], \
-        round(d['throughput_samples_per_s'] or 0, 1), 'samples/s, +-', d.get('throughput_ci95_pct'), '%'); \
-        p=json.load(open(d['record_dir']+'/run.json')).get('loader_scaling') or {}; \
-        print('  probe', dict(zip(p.get('processes',[]), [round(x) for x in p.get('samples_per_s_per_process',[])])))" \
-        "$GPULENS_HOME/$name.json" "$name" 2>/dev/null
+      for g in ${GPUS:-1}; do
+        name="workers-$job-w$w$([ "$g" = 1 ] || echo "-g$g")-r$r"
+        if (( $(date +%s) - start_s > ${BUDGET_S:-420} )); then echo "$name skipped: budget" >&2; continue; fi
+        timeout 150 python3 -m gpulens.cli run "$job" --data "$images" --workers "$w" --prep-timing \
+          --precision bf16 --duration "${DURATION_S:-15}" --gpus "$g" --no-store --name "$name" --json \
+          > "$GPULENS_HOME/$name.json" 2> "$GPULENS_HOME/$name.log" \
+          || echo "$name failed: $(tail -1 "$GPULENS_HOME/$name.log")" >&2
+        python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(sys.argv[2], \
+          round(d['throughput_samples_per_s'] or 0, 1), 'samples/s, +-', d.get('throughput_ci95_pct'), '%'); \
+          p=json.load(open(d['record_dir']+'/run.json')).get('loader_scaling') or {}; \
+          print('  probe', dict(zip(p.get('processes',[]), [round(x) for x in p.get('samples_per_s_per_process',[])])))" \
+          "$GPULENS_HOME/$name.json" "$name" 2>/dev/null
+      done
     done
   done
 done
