@@ -247,13 +247,18 @@ def allocation_frame(alloc: Allocation, curves: list[Curve]) -> pd.DataFrame:
     )
 
 
-# Each worker's pace falls as more workers run beside it (memory bandwidth, caches, clocks;
-# the training process receiving and pinning their batches): by about
+# Each worker's pace falls as more workers of its loader run beside it (memory bandwidth,
+# caches, clocks; the training process receiving and pinning their batches): by about
 # 1 / (1 + WORKER_DECLINE (W - 1)) at W workers, whatever the host's CPU count. Nine ladders
 # on 16-vCPU hosts (six H100, three H200; 1-12 workers) gave the constant; two on a 32-CPU
 # H200 host, one with all 32 CPUs and one under `taskset -c 0-7` (2026-11-27), showed it does
 # not scale with the CPUs: at 8 workers each worker kept 0.86 of its pace on 32 CPUs and 0.85
 # on 8, where a decline per CPU share had predicted 0.93 and 0.76.
+# With several ranks on one host, each counts its own loader's workers for the decline; the
+# ranks' workers together share the CPUs (below). A decline over all the host's workers was
+# tried first: on one H200 host (ef78583, resnet18, 8 workers a rank, 1 -> 2 GPUs, 3 rounds) it
+# gave 1.68x on 16 CPUs and 0.84x on 8, where the pairs measured 1.82x and 0.99x; a decline per
+# loader gives 1.95x and 0.97x (the form chosen after these two ladders were seen).
 WORKER_DECLINE = 0.024
 # Where the workers and the training process need more CPUs than the run has, the workers
 # share what the training process leaves them: each gets (CPUs - TRAINING_PROCESS_CPUS) / W of
@@ -265,6 +270,13 @@ WORKER_DECLINE = 0.024
 # min(decline, CPUs / (W + 1)), gave 0.80, 0.44, 0.67 and 0.40. 0.2 was read off the 4-CPU
 # ladders and then predicted the 2-CPU one (0.88 and 0.42) before it was run.
 TRAINING_PROCESS_CPUS = 0.2
+# What the ranks' share of one host was checked on (the 2-GPU runs' medians of 3 against the
+# medians of 3 one-GPU runs, benchmarks/predict_same_gpu.py).
+RANKS_VALIDATION = (
+    "checked on 1 -> 2 GPUs from loader-bound runs on one H200 host, 8 workers a rank: 7.4% "
+    "on 16 CPUs and 1.8% on 8, medians of 3 runs, 9.8% and 8.4% run by run; the form was "
+    "chosen after seeing these runs"
+)
 
 
 def _outnumbered(workers: int, cpus: int | None, training_cpus: float) -> bool:
@@ -277,11 +289,15 @@ def worker_pace(
     cpus: int | None,
     decline: float = WORKER_DECLINE,
     training_cpus: float = TRAINING_PROCESS_CPUS,
+    host_workers: int | None = None,
 ) -> float:
-    """One worker's pace at ``workers`` workers over its pace alone on an idle host."""
+    """One worker's pace with ``workers`` in its loader over its pace alone on an idle host.
+    ``host_workers`` (default ``workers``) counts every loader's workers on the host, which
+    share its CPUs with ``training_cpus`` of the training processes."""
+    sharing = workers if host_workers is None else host_workers
     pace = 1.0 / (1.0 + decline * (workers - 1))
-    if _outnumbered(workers, cpus, training_cpus):
-        pace *= max(cpus - training_cpus, 0.0) / workers
+    if _outnumbered(sharing, cpus, training_cpus):
+        pace *= max(cpus - training_cpus, 0.0) / sharing
     return pace
 
 
@@ -327,15 +343,20 @@ def worker_pace_ratio(
     meta: dict, from_workers: int, to_workers: int, from_ranks: int = 1, to_ranks: int = 1
 ) -> tuple[float, list[str]]:
     """How one worker's pace at ``to_workers`` per rank compares with its pace at
-    ``from_workers`` on the run's host, and notes. The ranks (training processes) on the host
-    count: their workers slow each other and share its CPUs."""
+    ``from_workers`` on the run's host, and notes. Each rank's workers slow each other; all
+    ranks' workers and training processes share the host's CPUs."""
     if from_workers == to_workers and from_ranks == to_ranks:
         return 1.0, []
     cpus = host_cpus(meta)
     host_from, host_to = from_workers * from_ranks, to_workers * to_ranks
     ratio = worker_pace(
-        host_to, cpus, training_cpus=TRAINING_PROCESS_CPUS * to_ranks
-    ) / worker_pace(host_from, cpus, training_cpus=TRAINING_PROCESS_CPUS * from_ranks)
+        to_workers, cpus, training_cpus=TRAINING_PROCESS_CPUS * to_ranks, host_workers=host_to
+    ) / worker_pace(
+        from_workers,
+        cpus,
+        training_cpus=TRAINING_PROCESS_CPUS * from_ranks,
+        host_workers=host_from,
+    )
     whose = f"{to_workers} workers" if to_ranks == 1 else f"{to_ranks} ranks' {host_to} workers"
     notes = [
         f"each worker's pace scaled by {ratio:.2f} for {whose} instead of "
@@ -344,8 +365,8 @@ def worker_pace_ratio(
     ]
     if from_ranks != to_ranks:
         notes.append(
-            "the workers of every rank on the host slow each other and share its CPUs: "
-            "not validated on a loader-bound run of several GPUs"
+            "each rank's workers slow each other, and every rank's share the host's CPUs "
+            f"({RANKS_VALIDATION})"
         )
     if _outnumbered(host_to, cpus, TRAINING_PROCESS_CPUS * to_ranks):
         processes = "the training process" if to_ranks == 1 else f"{to_ranks} training processes"
@@ -362,8 +383,9 @@ def worker_pace_ratio(
             )
         if host_to > 2 * cpus:
             notes.append(
-                f"no ladder measured more than twice as many workers as CPUs (8 on 4, 4 on 2): "
-                f"{host_to} on {cpus} is an extrapolation"
+                f"{host_to} on {cpus} is an extrapolation, likely optimistic: the one ladder "
+                f"beyond twice as many workers as CPUs measured 6 workers on 2 CPUs at 0.78x "
+                f"what 2 prepared, where this rule gives 0.91x"
             )
     elif not cpus:
         notes.append("the run did not record its CPU count: no bound for workers beyond it")
