@@ -345,13 +345,14 @@ def test_two_ranks_on_one_host_share_its_cpus_each_loader_its_own_decline(tmp_pa
     assert two.loader_bound
     assert two.step_time_s == pytest.approx(step / ratio, rel=1e-6)
     assert two.throughput_samples_per_s == pytest.approx(2 * 128 * ratio / step, rel=1e-6)
-    assert any(f"scaled by {ratio:.2f} for 2 ranks' 30 workers instead of 15" in n
-               for n in two.notes)  # fmt: skip
-    assert any("every rank's share the host's CPUs (checked on 1 -> 2 GPUs" in n
-               for n in two.notes)  # fmt: skip
+    assert any(f"scaled by {ratio:.2f} for 15 workers a rank on 2 ranks (30 on the host) "
+               "instead of 15 on 1" in n and "every rank's share the host's CPUs (checked on "
+               "1 -> 2 GPUs" in n for n in two.notes)  # fmt: skip
     assert any("30 workers and 2 training processes outnumber" in n for n in two.notes)
-    # one rank with the same workers: nothing to scale
-    assert not any("ranks'" in n for n in predict_run(rec, Target(None, workers=15)).notes)
+    # one rank: its own workers only, no ranks named
+    fewer = predict_run(rec, Target(None, workers=12)).notes
+    assert any("for 12 workers instead of 15 (the decline" in n for n in fewer)
+    assert not any(" ranks" in n for n in fewer)
     # where the CPUs are plenty, a second rank's workers leave each worker's pace as it was
     plenty = {"environment": {"cpu_affinity_count": 32}}
     assert worker_pace_ratio(plenty, 12, 12, 1, 2)[0] == pytest.approx(1.0)

@@ -357,23 +357,26 @@ def worker_pace_ratio(
         training_cpus=TRAINING_PROCESS_CPUS * from_ranks,
         host_workers=host_from,
     )
-    whose = f"{to_workers} workers" if to_ranks == 1 else f"{to_ranks} ranks' {host_to} workers"
-    notes = [
-        f"each worker's pace scaled by {ratio:.2f} for {whose} instead of "
-        f"{from_workers * from_ranks} (the decline measured on fifteen workers ladders, hosts "
-        f"of 2-32 CPUs)"
-    ]
-    if from_ranks != to_ranks:
-        notes.append(
-            "each rank's workers slow each other, and every rank's share the host's CPUs "
-            f"({RANKS_VALIDATION})"
-        )
+    decline = "the decline measured on fifteen workers ladders, hosts of 2-32 CPUs"
+    if from_ranks == to_ranks == 1:
+        notes = [
+            f"each worker's pace scaled by {ratio:.2f} for {to_workers} workers instead of "
+            f"{from_workers} ({decline})"
+        ]
+    else:
+        notes = [
+            f"each worker's pace scaled by {ratio:.2f} for {to_workers} workers a rank on "
+            f"{to_ranks} ranks ({host_to} on the host) instead of {from_workers} on "
+            f"{from_ranks}: each rank's workers slow each other ({decline}), and every rank's "
+            f"share the host's CPUs ({RANKS_VALIDATION})"
+        ]
     if _outnumbered(host_to, cpus, TRAINING_PROCESS_CPUS * to_ranks):
         processes = "the training process" if to_ranks == 1 else f"{to_ranks} training processes"
         leave = "it leaves" if to_ranks == 1 else "the training processes leave"
         notes.append(
             f"{host_to} workers and {processes} outnumber the run's {cpus} CPUs: the workers "
-            f"share what {leave} of them (validated on 4 and 2 CPUs, one training process)"
+            f"share what {leave} of them (validated on 4 and 2 CPUs with one training "
+            f"process, 16 and 8 with two)"
         )
         delivered = to_workers * ratio / from_workers
         if to_workers > from_workers and delivered < 1.0:
