@@ -37,7 +37,7 @@ def measure(url, *tenants, duration=1.5, warmup=0.3, **kw):
 def test_rates_latencies_and_the_server_split_against_a_fake_server(client):
     with FakeKServe(delay_s=0.004) as srv:
         out, doc = measure(
-            srv.url, "small:rate=150:slo_ms=100", "large:rate=40:arrival=constant", client=client
+            srv.url, "small:rate=150:slo_ms=2000", "large:rate=40:arrival=constant", client=client
         )
         bodies = srv.bodies
     small, large = doc["tenants"]
@@ -52,7 +52,12 @@ def test_rates_latencies_and_the_server_split_against_a_fake_server(client):
     ok = rec.ok() & rec.measured()
     assert np.all(rec.done_s[ok] - rec.scheduled_s[ok] >= 0.004)
     assert np.all(rec.sent_s[ok] >= rec.scheduled_s[ok])
-    assert doc["loadgen_lateness_ms_p99"] is not None and doc["loadgen_lateness_ms_p99"] < 20
+    # the generator's own lateness is reported from the records (send - scheduled, measured
+    # requests). Its size depends on how busy the machine is, so it is not bounded here: a
+    # loaded CI machine made it 53 ms; benchmarks/ measure the generator's precision.
+    late_ms = (rec.sent_s[rec.measured()] - rec.scheduled_s[rec.measured()]) * 1000.0
+    assert doc["loadgen_lateness_ms_p99"] == pytest.approx(np.percentile(late_ms, 99), abs=1e-3)
+    assert doc["loadgen_lateness_ms"]["max"] == pytest.approx(late_ms.max(), abs=1e-3)
     # the server's own split, warm-up excluded: about one request per measured request
     server = doc["server"]["models"]
     assert server["small"]["requests"] == pytest.approx(small["requests"], abs=8)
@@ -100,19 +105,21 @@ def test_the_raw_client_reads_chunked_bodies_and_honours_connection_close(chunke
 
 
 def test_find_max_finds_a_known_capacity():
-    # fast below 120 requests/s (as the server sees them over 0.5 s), far past the SLO above
+    # fast below 120 requests/s (as the server sees them over 0.5 s), far past the SLO above.
+    # The SLO (200 ms) is far above the fast answer (1 ms): a loaded CI machine stalled a 40
+    # req/s trial's requests by ~70 ms, which a 40 ms SLO counted as misses.
     limit = 120.0
-    with FakeKServe(delay_s=lambda _m, rate: 0.001 if rate <= limit + 5 else 0.080) as srv:
+    with FakeKServe(delay_s=lambda _m, rate: 0.001 if rate <= limit + 5 else 0.400) as srv:
         from gpulens.serve.load_search import find_max
 
-        base = LoadConfig(url=srv.url, tenants=(TenantSpec("small", 40.0, 40.0, "constant"),),
+        base = LoadConfig(url=srv.url, tenants=(TenantSpec("small", 40.0, 200.0, "constant"),),
                           duration_s=0.8, warmup_s=0.6, timeout_s=3.0)  # fmt: skip
 
         def trial(rate):
             cfg = base.with_tenant(base.tenants[0].with_rate(rate))
             return run_load(cfg).document(cfg)
 
-        result, doc = find_max(trial, "small", 40.0, 40.0, max_trials=9, tolerance=0.08)
+        result, doc = find_max(trial, "small", 40.0, 200.0, max_trials=9, tolerance=0.08)
     assert result["max_rate_rps"] == pytest.approx(limit, rel=0.12), result["trials"]
     assert [t["rate_rps"] for t in result["trials"]][:3] == [40.0, 80.0, 160.0]
     assert doc["tenants"][0]["slo_attainment"] >= 0.99
