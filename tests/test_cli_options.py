@@ -118,7 +118,7 @@ def test_old_and_new_spelling_together_is_a_usage_error(run_configs, capsys):
 def test_old_spellings_apply_to_built_in_workloads_only(capsys):
     code = main(["run", "--warmup", "3", "--no-store", "--", "python", "x.py"])
     assert code == 2
-    assert "--warmup apply to built-in workloads only" in capsys.readouterr().err
+    assert "--warmup applies to built-in workloads only" in capsys.readouterr().err
 
 
 class _StallsResult:

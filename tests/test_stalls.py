@@ -165,13 +165,15 @@ def test_expected_shares_follow_the_slower_side():
 def _stalls_json(capsys, jpegs, fetch_design: str) -> dict:
     """``gpulens stalls --json`` with the fetch design forced: the design never hinges on how
     long the cached run waited on its loader, which moves with the machine's load."""
+    # The time budget bounds the repeats a loaded machine's wider intervals ask for (up to the
+    # default 300 s each: two of these tests took 296 s beside another pytest process).
     # A paired cold run must compare at least one cold batch with its neighbours: on a loaded
     # 2-core machine 4 s was too short for that once, so it gets 8.
     max_duration_s = "8" if fetch_design == "paired" else "4"
     code = main(
         ["stalls", "tiny_cnn", "--data", str(jpegs), "--workers", "1", "--batch-size", "8",
          "--device", "cpu", "--storage-latency-ms", "20", "--max-duration", max_duration_s,
-         "--fetch-design", fetch_design, "--no-store", "--json"]
+         "--fetch-design", fetch_design, "--time-budget", "40", "--no-store", "--json"]
     )  # fmt: skip
     captured = capsys.readouterr()
     assert code == 0, captured.err

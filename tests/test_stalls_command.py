@@ -243,7 +243,11 @@ def test_stalls_of_a_command_without_the_tracker(capfd, tmp_path, files_dir, gpu
 
 def test_stalls_workload_and_command_options(capsys, files_dir):
     assert main(["stalls", "--data", str(files_dir), "--workers", "2", "--", "python", "x.py"]) == 2
-    assert "apply to built-in workloads only" in capsys.readouterr().err
+    assert "--workers applies to built-in workloads only" in capsys.readouterr().err
+    code = main(["stalls", "--data", str(files_dir), "--workers", "2", "--time-budget", "9",
+                 "--", "python", "x.py"])  # fmt: skip
+    assert code == 2
+    assert "--workers, --time-budget apply to built-in workloads only" in capsys.readouterr().err
     assert main(["stalls", "tiny_cnn", "--data", str(files_dir), "--", "python", "x.py"]) == 2
     assert "not both" in capsys.readouterr().err
     assert main(["stalls", "--data", str(files_dir)]) == 2

@@ -240,6 +240,7 @@ def reject_workload_only_options(ctx: typer.Context, command_ok: Collection[str]
     ]
     if typed:
         raise UsageError(
-            f"{', '.join(typed)} apply to built-in workloads only; pass your script's own "
+            f"{', '.join(typed)} {'applies' if len(typed) == 1 else 'apply'} to built-in "
+            "workloads only; pass your script's own "
             "options after --"
         )
