@@ -515,3 +515,30 @@ def test_the_smaller_l2_decides():
     tiny = Hardware(65e12, 0.32e12, 4e6)  # a T4's 4 MB
     k = Kernel("elementwise", 100e-6, "aten::mul", 0.0, 20e6)
     assert k.scaled_s(big, tiny) > k.duration_s  # 20 MB spill the T4's L2: its DRAM is slower
+
+
+def test_the_readme_commands_for_a_machine_without_a_gpu_work_on_the_real_record(
+    capsys, monkeypatch
+):
+    """README "No GPU at hand?": its predict and advise commands, typed from the repository's
+    root, run on the H100 record the tests carry."""
+    root = Path(__file__).resolve().parent.parent
+    readme = (root / "README.md").read_text()
+    lines = [
+        ln for ln in readme.splitlines() if ln.startswith("gpulens ") and "tests/fixtures" in ln
+    ]
+    assert [ln.split()[1] for ln in lines] == ["predict", "advise"]
+    monkeypatch.chdir(root)
+    docs = {}
+    for line in lines:
+        code = main([*line.split()[1:], "--json"])
+        captured = capsys.readouterr()
+        assert code == 0, captured.err
+        docs[line.split()[1]] = json.loads(captured.out)
+    source = _real("h100").meta["summary"]["throughput_samples_per_s"]
+    predicted = docs["predict"]
+    assert predicted["target"]["gpu"] == "H200"
+    assert predicted["throughput_samples_per_s"] > source  # the faster GPU on this step
+    advice = docs["advise"]
+    assert advice["recommended"] is not None and advice["catalog_date"]
+    assert any(o["pricing"] == "spot" for o in advice["options"])

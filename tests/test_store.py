@@ -236,8 +236,14 @@ def test_find_run_prefix_latest_name_and_errors(store_home):
     for home in (store_home, store_home / "empty"):
         with pytest.raises(UsageError, match="/nonexistent is no run directory: give a run "):
             queries.find_run("/nonexistent", home=home)
-        with pytest.raises(UsageError, match="is a folder without a run.json"):
-            queries.find_run(str(store_home / "runs"), home=home)
+        with pytest.raises(UsageError, match="is a folder without a run.json: give a run"):
+            queries.find_run(str(store_home), home=home)  # a folder holding runs/ only
+        # a folder of runs (a store's runs/, an unpacked bundle) names one of them
+        runs = store_home / "runs"
+        with pytest.raises(UsageError, match="holds run directories: give one, e.g. ") as info:
+            queries.find_run(str(runs), home=home)
+        first = sorted(p for p in runs.iterdir() if (p / "run.json").is_file())[0]
+        assert str(first) in str(info.value) and " more)" in str(info.value)
 
 
 def test_compare_two_runs(store_home):

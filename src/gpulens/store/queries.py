@@ -227,10 +227,23 @@ def _not_a_run_dir(key: str, as_path: Path) -> None:
     path) holding no run: it is no run id, and no name matched it."""
     if as_path.exists() or key.startswith(("/", "./", "../", "~")):
         what = "is a folder without a run.json" if as_path.is_dir() else "is no run directory"
+        inside = _run_dirs_inside(as_path)
+        if inside:  # a folder of runs (a store's runs/, an unpacked bundle): name one
+            more = f" (and {len(inside) - 1} more)" if len(inside) > 1 else ""
+            raise UsageError(
+                f"{key} {what} but holds run directories: give one, e.g. {inside[0]}{more}"
+            )
         raise UsageError(
             f"{key} {what}: give a run directory (one holding run.json) or a run id from "
             "`gpulens runs list`"
         )
+
+
+def _run_dirs_inside(folder: Path) -> list[Path]:
+    """The run directories directly inside ``folder`` (none when it is not a folder)."""
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir() if (p / "run.json").is_file())
 
 
 def find_run(id_or_prefix: str | Path, home: Path | str | None = None) -> RunRecord:
