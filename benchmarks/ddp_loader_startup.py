@@ -14,6 +14,12 @@ workers (what most DDP scripts and gpulens do); `loader_first` starts the worker
 context is the DataLoader's `multiprocessing_context`. Each rank times: the process group,
 model + DDP, the loader's iterator (the workers' start), the first batch, 5 steps. Without CUDA
 it runs on the CPU with gloo (a smoke test; the times say nothing about the GPU case).
+
+`--stacks-every-s N` (default 15) has every process (the plain ranks, and gpulens's CLI and
+ranks through a `sitecustomize` on PYTHONPATH) dump all its threads' Python stacks every N s
+(faulthandler): where a rank sits during a slow start. The records of that start showed two
+cores busy (one thread a rank) for ~95 s with all 16 cores busy for ~0.2 s in pairs every ~10 s,
+disk reads and the page cache flat: CPU work in the ranks, not I/O.
 """
 
 from __future__ import annotations
@@ -30,6 +36,76 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+# Put first on PYTHONPATH, it dumps the stacks of each Python process started under it (a
+# thread holding the GIL: faulthandler's dump_traceback_later, which reads frames without it,
+# crashed `gpulens run` on its first dump), then runs the sitecustomize the process would have
+# run without it.
+STACKS_SITECUSTOMIZE = """\
+import importlib.machinery
+import importlib.util
+import os
+import sys
+
+
+def _startup_stacks(folder, every_s):
+    import threading
+    import time
+    import traceback
+
+    with open("/proc/self/cmdline", "rb") as cmd:
+        argv = cmd.read().replace(b"\\0", b" ").decode(errors="replace")[:300]
+    t0 = time.monotonic()
+
+    def dump():
+        with open(os.path.join(folder, f"stacks-{os.getpid()}.txt"), "w", buffering=1) as out:
+            out.write(f"# pid {os.getpid()}: {argv}\\n")
+            while True:
+                time.sleep(every_s)
+                out.write(f"--- {time.monotonic() - t0:.1f} s after start\\n")
+                for tid, frame in sys._current_frames().items():
+                    if tid != threading.get_ident():
+                        out.write(f"thread {tid}:\\n" + "".join(traceback.format_stack(frame)))
+
+    threading.Thread(target=dump, daemon=True, name="startup-stacks").start()
+
+
+if os.environ.get("STARTUP_STACKS_DIR"):
+    _startup_stacks(os.environ["STARTUP_STACKS_DIR"], float(os.environ["STARTUP_STACKS_EVERY_S"]))
+_here = os.path.dirname(os.path.abspath(__file__))
+_others = [p for p in sys.path if os.path.abspath(p or ".") != _here]
+_spec = importlib.machinery.PathFinder.find_spec("sitecustomize", _others)
+if _spec is not None and _spec.loader is not None:
+    _module = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(_module)
+"""
+MAX_DUMP_CHARS = 40000  # per process, the first dumps: the start-up is what matters
+
+
+def _dump_stacks(path: Path, every_s: float):
+    """Every ``every_s`` the stacks of this process's other threads go to ``path`` until the
+    returned event is set."""
+    import threading
+    import traceback
+
+    stop, t0 = threading.Event(), time.monotonic()
+
+    def dump() -> None:
+        with open(path, "w", buffering=1) as out:
+            while not stop.wait(every_s):
+                out.write(f"--- {time.monotonic() - t0:.1f} s after start\n")
+                for tid, frame in sys._current_frames().items():
+                    if tid != threading.get_ident():
+                        out.write(f"thread {tid}:\n" + "".join(traceback.format_stack(frame)))
+
+    threading.Thread(target=dump, daemon=True, name="startup-stacks").start()
+    return stop
+
+
+def _read_stacks(folder: Path) -> dict[str, str]:
+    return {
+        p.name: p.read_text(errors="replace")[:MAX_DUMP_CHARS] for p in sorted(folder.iterdir())
+    }
 
 
 def _loader(data: str, workers: int, batch: int, context: str, rank: int, world: int, cuda: bool):
@@ -58,6 +134,10 @@ def _loader(data: str, workers: int, batch: int, context: str, rank: int, world:
 def _rank(local_rank: int, world: int, args: dict, port: int, queue, launched: float) -> None:
     import torchvision
 
+    stop_stacks = None
+    if args.get("stacks_every_s"):
+        name = f"stacks-{args['context']}-{args['order']}-rank{local_rank}.txt"
+        stop_stacks = _dump_stacks(Path(args["stacks_dir"]) / name, args["stacks_every_s"])
     t0 = time.perf_counter()
     marks: dict[str, float] = {"spawn_s": time.time() - launched}  # the rank's start and imports
     cuda = torch.cuda.is_available() and args["gpus"] > 0
@@ -106,6 +186,8 @@ def _rank(local_rank: int, world: int, args: dict, port: int, queue, launched: f
     marks["first_batch_s"] = time.perf_counter() - before
     marks["to_first_batch_s"] = time.perf_counter() - t0
     marks["launch_to_first_batch_s"] = time.time() - launched
+    if stop_stacks is not None:  # the start-up is dumped; the steps run undisturbed
+        stop_stacks.set()
     for step in range(args["steps"]):
         if step:
             x, y = next(batches)
@@ -144,37 +226,54 @@ def plain(args: argparse.Namespace, context: str, order: str) -> dict:
         "order": order,
         "steps": args.steps,
         "gpus": args.gpus,
+        "stacks_every_s": args.stacks_every_s,
     }
-    start = time.perf_counter()
-    mp.start_processes(
-        _rank,
-        args=(world, options, _free_port(), queue, time.time()),
-        nprocs=world,
-        start_method="spawn",
-    )
-    wall_s = time.perf_counter() - start
+    with tempfile.TemporaryDirectory() as stacks_dir:
+        options["stacks_dir"] = stacks_dir
+        start = time.perf_counter()
+        mp.start_processes(
+            _rank,
+            args=(world, options, _free_port(), queue, time.time()),
+            nprocs=world,
+            start_method="spawn",
+        )
+        wall_s = time.perf_counter() - start
+        stacks = _read_stacks(Path(stacks_dir))
     ranks = dict(queue.get(timeout=30) for _ in range(world))
-    return {"context": context, "order": order, "wall_s": wall_s, "ranks": ranks}
+    return {"context": context, "order": order, "wall_s": wall_s, "ranks": ranks,
+            "stacks": stacks}  # fmt: skip
 
 
 def gpulens_run(args: argparse.Namespace) -> dict:
     """`gpulens run` on the same data: its record's time from start to the measured window."""
     from datetime import datetime
 
-    with tempfile.TemporaryDirectory() as home:
+    with tempfile.TemporaryDirectory() as home, tempfile.TemporaryDirectory() as stacks_dir:
+        env = {**os.environ, "GPULENS_HOME": home}
+        if args.stacks_every_s:
+            site = Path(stacks_dir) / "site"
+            site.mkdir()
+            (site / "sitecustomize.py").write_text(STACKS_SITECUSTOMIZE)
+            (Path(stacks_dir) / "dumps").mkdir()
+            env.update(
+                PYTHONPATH=os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")])),
+                STARTUP_STACKS_DIR=str(Path(stacks_dir) / "dumps"),
+                STARTUP_STACKS_EVERY_S=str(args.stacks_every_s),
+            )
         cmd = [sys.executable, "-m", "gpulens.cli", "run", "resnet18", "--data", args.data,
-               "--workers", str(args.workers), "--gpus", str(args.gpus), "--precision", "bf16",
+               "--workers", str(args.workers), "--gpus", str(args.gpus),
                "--batch-size", str(args.batch_size), "--steps", str(args.steps),
                "--no-store", "--json"]  # fmt: skip
-        if not torch.cuda.is_available():
-            cmd += ["--device", "cpu"]
+        # bf16 as the plain ranks (autocast on CUDA only): a CPU without bf16 units took 25 s
+        # a step at batch 8
+        cmd += ["--precision", "bf16"] if torch.cuda.is_available() else ["--device", "cpu"]
         start = time.perf_counter()
-        done = subprocess.run(
-            cmd, capture_output=True, text=True, env={**os.environ, "GPULENS_HOME": home}
-        )
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env)
         wall_s = time.perf_counter() - start
+        stacks = _read_stacks(Path(stacks_dir) / "dumps") if args.stacks_every_s else {}
         if done.returncode:
-            return {"error": done.stderr.strip().splitlines()[-1:], "wall_s": wall_s}
+            return {"error": done.stderr.strip().splitlines()[-1:], "wall_s": wall_s,
+                    "stacks": stacks}  # fmt: skip
         record = json.loads(done.stdout)["record_dir"]
         meta = json.loads((Path(record) / "run.json").read_text())
         created = datetime.fromisoformat(meta["created_at"].replace("Z", "+00:00")).timestamp()
@@ -188,6 +287,7 @@ def gpulens_run(args: argparse.Namespace) -> dict:
             "to_first_step_end_s": float(steps["time_unix_s"].min()) - created,
             "to_measured_window_s": s["measured_start_unix_s"] - created,
             "warmup_steps": s["warmup_steps"],
+            "stacks": stacks,
         }
 
 
@@ -202,6 +302,8 @@ def main() -> int:
     ap.add_argument("--orders", default="group_first,loader_first")
     ap.add_argument("--no-gpulens", action="store_true", help="skip the gpulens run")
     ap.add_argument("--out", type=Path)
+    stacks_help = "dump every process's stacks this often while starting (0: off)"
+    ap.add_argument("--stacks-every-s", type=float, default=15.0, help=stacks_help)
     args = ap.parse_args()
     rows = []
     for context in args.contexts.split(","):

@@ -193,3 +193,41 @@ def test_rendezvous_listens_on_the_loopback_only(tmp_path):
     listening = json.loads(out.stdout.strip().splitlines()[-1])
     assert listening, "the process group should listen somewhere"
     assert set(listening) <= {"127.0.0.1", "::1"}, listening
+
+
+def _loader_start_method_in_a_spawned_rank(data: str, queue) -> None:
+    import multiprocessing
+
+    import torch
+
+    from gpulens.workloads.config import resolve_config
+    from gpulens.workloads.models import get_workload
+    from gpulens.workloads.recipe import build_loader
+
+    spec = get_workload("tiny_cnn")
+    config = TrainConfig(workload="tiny_cnn", data=data, device="cpu", batch_size=4, workers=1)
+    eff = resolve_config(config, spec, torch.device("cpu"))
+    loader = build_loader(spec, eff, torch.device("cpu"), None, rank=0, world_size=2)
+    used = loader.multiprocessing_context or multiprocessing  # None: the process's default
+    queue.put((multiprocessing.get_start_method(), used.get_start_method()))
+
+
+def test_a_spawned_rank_starts_its_loader_workers_as_a_plain_script_would(tmp_path):
+    """Each rank of --gpus N is started by spawn, which becomes the rank's default: its loader
+    would spawn its workers (each re-importing torch) where one GPU and a torchrun rank fork
+    them. The loader asks for the platform's default instead."""
+    import multiprocessing
+
+    from gpulens.data.datagen import make_images
+
+    make_images(tmp_path / "images", 8)
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    rank = ctx.Process(
+        target=_loader_start_method_in_a_spawned_rank, args=(str(tmp_path / "images"), queue)
+    )
+    rank.start()
+    rank_default, loader_method = queue.get(timeout=120)
+    rank.join(timeout=30)
+    assert rank_default == "spawn"  # what the loader would have used
+    assert loader_method == multiprocessing.get_all_start_methods()[0] == "fork"  # Linux

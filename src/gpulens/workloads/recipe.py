@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import multiprocessing
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -196,6 +197,7 @@ def build_loader(
         sampler=sampler,
         drop_last=True,
         num_workers=workers,
+        multiprocessing_context=loader_start_method() if workers > 0 else None,
         pin_memory=device.type == "cuda",
         prefetch_factor=LOADER_PREFETCH if workers > 0 else None,
         collate_fn=collate_with_timing(timing_dir) if timing_dir else None,
@@ -203,6 +205,16 @@ def build_loader(
             eff.worker_affinity, workers, rank if local_rank is None else local_rank
         ),
     )
+
+
+def loader_start_method() -> str:
+    """How the loader's workers start: the platform's default (fork on Linux up to Python
+    3.13), as in a plain script or a torchrun rank. A process started by spawn, as each rank of
+    ``--gpus N`` is, would otherwise spawn its workers too, each re-importing torch: a loader
+    unlike the one measured on one GPU. (With spawned workers, 8 JPEG workers a rank on an H200
+    pair took 92-118 s to the first step, against 13-16 s on one GPU; whether spawning was the
+    cause is to be checked on a GPU.)"""
+    return multiprocessing.get_all_start_methods()[0]
 
 
 def paired_sampler(dataset, eff: EffectiveTrainConfig) -> torch.utils.data.Sampler:
