@@ -2,13 +2,15 @@
 job's start-up, phase by phase, beside `gpulens run`'s, on the same host and data.
 
     python benchmarks/ddp_loader_startup.py --data /tmp/workers-ladder-images --workers 8 \
-        [--gpus 2] [--contexts fork,forkserver] [--orders group_first,loader_first] [--out F]
+        [--gpus 2] [--contexts fork,forkserver,spawn] [--orders group_first,loader_first] [--out F]
 
 On one H200 pair (ef78583) `gpulens run resnet18 --data ... --workers 8 --gpus 2` spent
 92-118 s before its first measured step, against 13-16 s on 1 GPU and 10-13 s for 2-GPU runs on
 synthetic data; the host's memory grew ~85 MB/s meanwhile, one CPU busy per rank, the GPUs
-idle. One suspect is forking the loader's workers from a process that has already set up NCCL
-(fork copies its mappings). Each variant here is a plain script (no gpulens code in the ranks):
+idle. The likely cause (session 29): its ranks, started by spawn, spawned their workers too
+(gpulens forks them since 8ab5f69); `--contexts fork,spawn` compares the two in a plain job.
+Another suspect was forking the workers from a process that has set up NCCL (fork copies its
+mappings). Each variant here is a plain script (no gpulens code in the ranks):
 `group_first` joins the process group and wraps the model in DDP before the loader forks its
 workers (what most DDP scripts and gpulens do); `loader_first` starts the workers first; the
 context is the DataLoader's `multiprocessing_context`. Each rank times: the process group,
