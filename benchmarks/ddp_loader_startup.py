@@ -266,8 +266,8 @@ def gpulens_run(args: argparse.Namespace) -> dict:
                "--workers", str(args.workers), "--gpus", str(args.gpus),
                "--batch-size", str(args.batch_size), "--steps", str(args.steps),
                "--no-store", "--json"]  # fmt: skip
-        # bf16 as the plain ranks (autocast on CUDA only): a CPU without bf16 units took 25 s
-        # a step at batch 8
+        # bf16 as the plain ranks (autocast on CUDA only): on a CPU without bf16 units two
+        # ranks took 25 s a step at batch 8
         cmd += ["--precision", "bf16"] if torch.cuda.is_available() else ["--device", "cpu"]
         start = time.perf_counter()
         done = subprocess.run(cmd, capture_output=True, text=True, env=env)
