@@ -243,7 +243,7 @@ def _run_dirs_inside(folder: Path) -> list[Path]:
     """The run directories directly inside ``folder`` (none when it is not a folder)."""
     if not folder.is_dir():
         return []
-    return sorted(p for p in folder.iterdir() if (p / "run.json").is_file())
+    return sorted(p for p in folder.iterdir() if (p / schema.RUN_FILE).is_file())
 
 
 def find_run(id_or_prefix: str | Path, home: Path | str | None = None) -> RunRecord:
