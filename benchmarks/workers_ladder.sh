@@ -8,8 +8,10 @@
 # REPEATS=N runs the whole list N times over (round 1 of every count, then round 2, ...), so the
 # host's drift falls on every count alike; ROUNDS="3" names the rounds instead, to carry on in a
 # second call on the same warm machine (GPULENS_HOME keeps the first call's runs, and the
-# bundle holds them all). Each run's record holds the loader probe of --prep-timing
-# (benchmarks/probe_variants.py makes a copy without it, to score the probe's share).
+# bundle holds them all). A run whose JSON is already in GPULENS_HOME is not run again, so the
+# same command in a later call carries on where the last one stopped. Each run's record holds
+# the loader probe of --prep-timing (benchmarks/probe_variants.py makes a copy without it, to
+# score the probe's share).
 # LABEL=cpus8 adds a word to the file names, to tell apart two ladders of one machine and day
 # (e.g. one run under `taskset -c 0-7`, to try the workers decline on fewer CPUs).
 # GPUS="1 2" runs every worker count on 1 GPU and as 2-GPU DDP (W workers a rank; named -g2-),
@@ -33,6 +35,8 @@ for case in ${WORKERS_CASES:-resnet50:1,2,4,8 mobilenet_v3_small:1,2,4,8}; do
     for w in "${counts[@]}"; do
       for g in ${GPUS:-1}; do
         name="workers-$job-w$w$([ "$g" = 1 ] || echo "-g$g")-r$r"
+        # a run already recorded in GPULENS_HOME (an earlier call on this warm machine) is kept
+        if [ -s "$GPULENS_HOME/$name.json" ]; then echo "$name kept: recorded earlier" >&2; continue; fi
         if (( $(date +%s) - start_s > ${BUDGET_S:-420} )); then echo "$name skipped: budget" >&2; continue; fi
         timeout 150 python3 -m gpulens.cli run "$job" --data "$images" --workers "$w" --prep-timing \
           --precision bf16 --duration "${DURATION_S:-15}" --gpus "$g" --no-store --name "$name" --json \
