@@ -410,13 +410,13 @@ def test_the_validated_figures_are_the_committed_measurements():
         )
         assert VALIDATED[method].cases == doc["summary"][row]["cases"]
     workers = json.loads(
-        (results / "predict_same_gpu-workers-fifteen_ladders-H100_H200-2026-11-27.json").read_text()
+        (results / "predict_same_gpu-workers-sixteen_ladders-H100_H200-2026-11-27.json").read_text()
     )
     # `predict --workers` as it does on a ladder its constants were not fitted on (fitted on
-    # the other fourteen in turn), better than the bound CPUs / (W + 1) it replaced, the
+    # the other fifteen in turn), better than the bound CPUs / (W + 1) it replaced, the
     # loader probe and the decline per CPU share before them
     cv = json.loads(
-        (results / "workers_decline_cv-fifteen_ladders-H100_H200-2026-11-27.json").read_text()
+        (results / "workers_decline_cv-sixteen_ladders-H100_H200-2026-11-27.json").read_text()
     )["summary"]
     assert VALIDATED["workers"].mape_pct == pytest.approx(cv["decline"]["mape_pct"], abs=0.05)
     assert VALIDATED["workers"].cases == cv["decline"]["cases"]
@@ -450,7 +450,16 @@ def test_the_validated_figures_are_the_committed_measurements():
     gpus_rows = three_a_side(doc["averaged_gpus_cases"])
     n_workers = cv["decline"]["median_cases"]
     assert n_workers == len(three_a_side(workers["averaged_worker_cases"]))
-    medians = batch_rows + gpus_rows
+    # and the loader-bound 1 -> 2 GPU pairs of dcce8d3 (one H200 host: 12 workers a rank on
+    # 32 CPUs, measured after the rank rule was chosen; 8 a rank on 16 and 8 CPUs, again)
+    pair_docs = [
+        json.loads(p.read_text())
+        for p in sorted(results.glob("predict_same_gpu-workers-dcce8d3-NVIDIA_H200-pair*.json"))
+    ]
+    assert len(pair_docs) == 3
+    pair_rows = [three_a_side(d["averaged_gpus_cases"]) for d in pair_docs]
+    assert [len(rows) for rows in pair_rows] == [1, 1, 1]
+    medians = batch_rows + gpus_rows + [r for rows in pair_rows for r in rows]
     assert HOST_PACED_MEDIANS.cases == len(medians) + n_workers
     total = sum(r["ape_pct"] for r in medians) + n_workers * cv["decline"]["medians_mape_pct"]
     assert HOST_PACED_MEDIANS.mape_pct == pytest.approx(
@@ -471,6 +480,9 @@ def test_the_validated_figures_are_the_committed_measurements():
         (len(batch_rows), floors["noise_floor_host_bound_one_gpu"]["target_only_mape_pct"]),
         (n_workers, workers["summary"]["noise_floor_loader_fed"]["mape_pct"]),
         (len(gpus_rows), floors["noise_floor_host_paced_gpus"]["mape_pct"]),
+    ] + [
+        (len(rows), d["summary"]["noise_floor_host_paced_gpus"]["mape_pct"])
+        for rows, d in zip(pair_rows, pair_docs, strict=True)
     ]
     assert HOST_PACED_FLOOR.cases == sum(n for n, _ in weighted) == HOST_PACED_MEDIANS.cases
     assert HOST_PACED_FLOOR.mape_pct == pytest.approx(

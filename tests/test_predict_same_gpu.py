@@ -157,16 +157,16 @@ def test_the_noise_floor_is_what_a_perfect_predictor_scores_against_the_runs_spr
 
 
 def test_the_workers_decline_is_scored_on_ladders_it_was_not_fitted_on(tmp_path, monkeypatch):
-    """benchmarks/workers_decline_cv.py on the committed fifteen-ladder scoring reproduces the
+    """benchmarks/workers_decline_cv.py on the committed sixteen-ladder scoring reproduces the
     committed figures (what VALIDATED["workers"] holds), and each held-out ladder's constants
     were fitted without it."""
     monkeypatch.chdir(BENCHMARKS)
     cv = _module("workers_decline_cv")
-    (scored,) = RESULTS.glob("predict_same_gpu-workers-fifteen_ladders-*.json")
+    (scored,) = RESULTS.glob("predict_same_gpu-workers-sixteen_ladders-*.json")
     out = tmp_path / "cv.json"
     assert cv.main([str(scored.relative_to(BENCHMARKS)), "--out", str(out)]) == 0
     got = json.loads(out.read_text())
-    (committed,) = RESULTS.glob("workers_decline_cv-fifteen_ladders-*.json")
+    (committed,) = RESULTS.glob("workers_decline_cv-sixteen_ladders-*.json")
     want = json.loads(committed.read_text())
     for how in ("decline", "bound", "per_cpu", "probe", "none"):
         assert got["summary"][how] == pytest.approx(want["summary"][how])
@@ -176,10 +176,15 @@ def test_the_workers_decline_is_scored_on_ladders_it_was_not_fitted_on(tmp_path,
     # the folds' constants differ from one another: each was fitted on other ladders
     fits = {r["decline_fitted_on_the_others"] for r in got["ladders"]}
     assert len(fits) > 1 and all(0 < f < 0.08 for f in fits)
-    # the 32-CPU ladder, out of sample for the constant: a decline per extra worker errs less
-    # there than one per share of the CPUs
-    (wide,) = [r for r in got["ladders"] if r["cpus"] == [32]]
-    assert wide["decline_mape_pct"] < wide["per_cpu_mape_pct"] - 3
+    # the 32-CPU resnet18 ladder, out of sample for the constant: a decline per extra worker
+    # errs less there than one per share of the CPUs (7.8 against 10.7%; 7.6 against 12.5%
+    # before the 32-CPU mobilenet_v3_small ladder joined the per-share form's fit)
+    (wide,) = [r for r in got["ladders"] if r["cpus"] == [32] and "cpus32-" in r["ladder"]]
+    assert wide["decline_mape_pct"] < wide["per_cpu_mape_pct"] - 2
+    # ... but not on mobilenet_v3_small on 32 CPUs (dcce8d3, measured after the rule): there
+    # the per-worker pace hardly fell beyond 4 workers, and the decline errs more than none
+    (wide_m,) = [r for r in got["ladders"] if "cpus32m" in r["ladder"]]
+    assert wide_m["none_mape_pct"] < wide_m["decline_mape_pct"]
     # the 2-CPU ladder, predicted before it ran: the workers sharing what the training
     # process leaves err far less there than each held to CPUs / (W + 1)
     (narrow,) = [r for r in got["ladders"] if r["cpus"] == [2]]

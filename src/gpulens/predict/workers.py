@@ -258,7 +258,10 @@ def allocation_frame(alloc: Allocation, curves: list[Curve]) -> pd.DataFrame:
 # ranks' workers together share the CPUs (below). A decline over all the host's workers was
 # tried first: on one H200 host (ef78583, resnet18, 8 workers a rank, 1 -> 2 GPUs, 3 rounds) it
 # gave 1.68x on 16 CPUs and 0.84x on 8, where the pairs measured 1.82x and 0.99x; a decline per
-# loader gives 1.95x and 0.97x (the form chosen after these two ladders were seen).
+# loader gives 1.95x and 0.97x (the form chosen after these two ladders were seen). Measured
+# after, on another H200 pair (dcce8d3, the ranks' workers forked, no longer spawned), 12
+# workers a rank on all 32 CPUs: 1.94x, predicted 2.0x (1.63x by the decline over the host);
+# the same two ladders again: 1.82x and 1.01x.
 WORKER_DECLINE = 0.024
 # Where the workers and the training process need more CPUs than the run has, the workers
 # share what the training process leaves them: each gets (CPUs - TRAINING_PROCESS_CPUS) / W of
@@ -273,9 +276,10 @@ TRAINING_PROCESS_CPUS = 0.2
 # What the ranks' share of one host was checked on (the 2-GPU runs' medians of 3 against the
 # medians of 3 one-GPU runs, benchmarks/predict_same_gpu.py).
 RANKS_VALIDATION = (
-    "checked on 1 -> 2 GPUs from loader-bound runs on one H200 host, 8 workers a rank: 7.4% "
-    "on 16 CPUs and 1.8% on 8, medians of 3 runs, 9.8% and 8.4% run by run; the form was "
-    "chosen after seeing these runs"
+    "checked on 1 -> 2 GPUs from loader-bound runs on H200 pairs, medians of 3 runs: 12 "
+    "workers a rank on 32 CPUs 2.8% (measured after the form was chosen), 8 a rank on 16 and "
+    "8 CPUs 7.1% and 3.7% (the form chosen on an earlier pair of these ladders); 2.8%, 8.8% "
+    "and 4.7% run by run"
 )
 
 
