@@ -128,3 +128,15 @@ def test_analyses_import_without_torch(modules):
     code = f"import sys; sys.modules['torch'] = None\nimport {modules}\n"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_the_cli_and_the_sampler_start_without_pandas():
+    """`gpulens --help` and each run's sampler process start without importing pandas (0.2-0.4
+    s of every command's start); pandas is imported where a DataFrame is built."""
+    code = (
+        "import sys\nimport gpulens.cli, gpulens.probes.sampler_process, gpulens.store.queries\n"
+        "print('pandas' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "False"

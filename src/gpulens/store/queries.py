@@ -9,11 +9,11 @@ import json
 import logging
 import math
 import shutil
+import sys
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -30,6 +30,9 @@ from gpulens.record.reader import (
     scan_records,
 )
 from gpulens.record.writer import atomic_write_json
+
+if TYPE_CHECKING:  # imported where a frame is built: the CLI starts without pandas
+    import pandas as pd
 
 log = logging.getLogger("gpulens.store")
 
@@ -206,6 +209,8 @@ def load_runs(home: Path | str | None = None) -> pd.DataFrame:
     order. A metric a run did not measure is NaN/None. A record whose run.json cannot be read
     is a row of its own at the end, with status ``damaged`` and ``error`` naming the file.
     """
+    import pandas as pd
+
     rows, metric_keys = [], set()
     records, damaged = _scan(home)
     for record in records:
@@ -368,6 +373,8 @@ def compare_runs(records: list[RunRecord]) -> pd.DataFrame:
     order of first appearance. With exactly two runs a ``rel_diff_pct`` column gives the second
     relative to the first for numeric rows.
     """
+    import pandas as pd
+
     if not records:
         raise UsageError("give at least one run to compare: see `gpulens runs list`")
     columns: list[str] = []
@@ -398,10 +405,12 @@ def compare_runs(records: list[RunRecord]) -> pd.DataFrame:
 # ----------------------------------------------------------------------------- export
 def json_safe(value: Any) -> Any:
     """``value`` with NaN/inf/NA replaced by None and numpy/pandas scalars made plain."""
-    if value is pd.NA or value is pd.NaT:
-        return None
-    if isinstance(value, pd.Timestamp):
-        return value.isoformat()
+    pandas = sys.modules.get("pandas")  # a pandas value exists only once pandas is imported
+    if pandas is not None:
+        if value is pandas.NA or value is pandas.NaT:
+            return None
+        if isinstance(value, pandas.Timestamp):
+            return value.isoformat()
     if hasattr(value, "item") and not isinstance(value, (list, tuple, dict, str)):
         value = value.item()  # numpy scalar
     if isinstance(value, float) and not math.isfinite(value):
