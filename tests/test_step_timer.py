@@ -5,6 +5,7 @@ sampling interval chosen from what the events cost against the step time."""
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -21,18 +22,30 @@ H2D_S, COMPUTE_S = 0.001, 0.004  # per step on the simulated stream
 
 
 class FakeStream:
-    """Where the GPU's clock stands; an event records its time when recorded."""
+    """Where the GPU's clock stands; an event records its time when recorded. The host's clock
+    (what the timer reads with ``time.perf_counter``) is simulated too: each reading moves it
+    ``tick_s`` on (the timer's own Python), an event record ``record_cost_s``, the training
+    step's host work ``host_step_s``. So the interval the timer chooses from what the events
+    cost is the same on any machine, loaded or not (on the wall clock a slow CI host's
+    ~10 us of Python a step read as event cost)."""
 
     def __init__(self, record_cost_s: float = 0.0):
         self.now_s = 0.0
+        self.host_s = 0.0
+        self.tick_s = 1e-6
         self.record_cost_s = record_cost_s
         self.created = 0
         self.records = 0
+
+    def perf_counter(self) -> float:
+        self.host_s += self.tick_s
+        return self.host_s
 
 
 @pytest.fixture
 def stream(monkeypatch):
     s = FakeStream()
+    monkeypatch.setattr(steps, "time", SimpleNamespace(perf_counter=s.perf_counter, time=time.time))
 
     class FakeEvent:
         def __init__(self, enable_timing: bool = False):
@@ -41,8 +54,7 @@ def stream(monkeypatch):
             self.t_s = None
 
         def record(self):
-            if s.record_cost_s:
-                time.sleep(s.record_cost_s)
+            s.host_s += s.record_cost_s
             s.records += 1
             self.t_s = s.now_s
 
@@ -67,8 +79,7 @@ def _train(timer: StepTimer, stream: FakeStream, n: int, host_step_s: float = 0.
         stream.now_s += H2D_S
         timer.copy_done()
         stream.now_s += COMPUTE_S
-        if host_step_s:
-            time.sleep(host_step_s)
+        stream.host_s += host_step_s
         timer.end_step(samples=8)
     timer.finish()
 
@@ -182,14 +193,25 @@ def test_the_interval_shrinks_when_events_turn_cheap(stream):
     _train(timer, stream, steps.CALIBRATION_STEPS + 5, host_step_s=0.002)
     assert timer.gpu_timing_every_n_steps == steps.MAX_GPU_EVERY
     stream.record_cost_s = 0.0
-    # the first window still holds a dear step from before; the second is all cheap. "Cheap"
-    # is the fake events' Python calls, timed on the wall clock: 6 ms steps keep them under a
-    # quarter of the maximum interval even on a loaded host (a CI run beside a pip install
-    # took them to ~100 us, interval 25, with 2 ms steps)
+    # the first window still holds a dear step from before; the second is all cheap
     _train(timer, stream, 2 * 8 * steps.MAX_GPU_EVERY + 10, host_step_s=0.006)
     assert timer.gpu_timing_every_n_steps <= steps.MAX_GPU_EVERY // 4
     timed = [r for r in timer.rows if r["compute_s"] is not None]
     assert timed and all(r["compute_s"] == pytest.approx(COMPUTE_S) for r in timed)
+
+
+def test_the_timers_own_python_on_untimed_steps_is_not_charged_to_the_events(stream):
+    # short steps on a slow host: ~10 us of the timer's own Python a step, events free. Charged
+    # to the events, 63 untimed steps' worth per timed step (~0.6 ms, against the 4 us a 2 ms
+    # step allows) kept the interval at its maximum however cheap the events were
+    stream.tick_s = 5e-6
+    timer = StepTimer(None, cuda=True, warmup_steps=0)
+    stream.record_cost_s = 0.0005  # calibrated on dear events: the longest interval
+    _train(timer, stream, steps.CALIBRATION_STEPS + 5, host_step_s=0.002)
+    assert timer.gpu_timing_every_n_steps == steps.MAX_GPU_EVERY
+    stream.record_cost_s = 0.0
+    _train(timer, stream, 4 * 8 * steps.MAX_GPU_EVERY, host_step_s=0.002)
+    assert timer.gpu_timing_every_n_steps <= steps.MAX_GPU_EVERY // 4
 
 
 def test_long_steps_are_all_timed_whatever_the_events_cost(stream):
