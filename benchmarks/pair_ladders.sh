@@ -15,6 +15,7 @@ export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
 OUT=${OUT:-benchmarks/results}
 CALL_S=${CALL_S:-590}
 commit=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+command -v nvidia-smi > /dev/null || { echo "$0: runs on a GPU machine (no nvidia-smi here)" >&2; exit 2; }
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr ' ' '_')
 day=$(date +%F)
 state=/tmp/pair-ladders

@@ -20,6 +20,7 @@ set -uo pipefail
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 GPULENS_HOME=${GPULENS_HOME:-/tmp/gpulens-workers}
 OUT=${OUT:-benchmarks/results}
 mkdir -p "$OUT" "$GPULENS_HOME"
+command -v nvidia-smi > /dev/null || { echo "$0: runs on a GPU machine (no nvidia-smi here)" >&2; exit 2; }
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr ' ' '_')
 commit=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 day=$(date +%F)
