@@ -182,7 +182,7 @@ class StepTimer:
         self.tracking_s += spent
         # Only where an event was recorded: charging every untimed step's few microseconds to
         # the events kept the interval at its maximum on a slow host (64 steps x ~10 us per
-        # timed step read as ~0.7 ms of events, however cheap they were).
+        # timed step read as ~0.6 ms of events, however cheap they were).
         if recorded:
             self._events_s += spent
 
