@@ -8,6 +8,7 @@
 #   2. pair32: resnet18, 12 workers a rank, 1 and 2 GPUs on all 32 CPUs (the rank rule's test).
 #   3. pair16 and pair8: session 28's ladders again under taskset, now with forked workers.
 #   COMMIT=<sha> CALL_S=590 OUT=$OUT bash benchmarks/pair_ladders.sh
+# STARTUP=0 leaves out step 1; LADDERS="pair32" picks the ladders (by label) and their order.
 # Each ladder's bundle (workers-ladder-<sha>-<gpu>-<label>-<day>.tar.xz) is rewritten under
 # $OUT at the end of its step; scoring is left to predict_same_gpu.py on any machine.
 set -uo pipefail
@@ -26,7 +27,7 @@ images=/tmp/workers-ladder-images
 { nproc; nvidia-smi --query-gpu=name,memory.total --format=csv; nvidia-smi topo -m; } \
   > "$OUT/host-$commit-$gpu-$day.txt" 2>&1
 startup="ddp_loader_startup-$commit-$gpu-$day"
-if [ ! -e "$state/startup.done" ]; then
+if [ "${STARTUP:-1}" != 0 ] && [ ! -e "$state/startup.done" ]; then
   # ~3-4 min expected (the spawn variant is the slow one); a hang costs at most 5 of them
   timeout 300 python3 benchmarks/ddp_loader_startup.py --data "$images" --workers 8 --gpus 2 \
     --contexts fork,spawn --orders group_first --out "$OUT/$startup.json" \
@@ -37,6 +38,7 @@ fi
 # a ladder starts a run only while one more (up to its 150 s timeout) and the bundle still fit
 for ladder in "pair32 0-31 resnet18:12" "pair16 0-15 resnet18:8" "pair8 0-7 resnet18:8"; do
   read -r label cpus case <<< "$ladder"
+  [[ " ${LADDERS:-pair32 pair16 pair8} " == *" $label "* ]] || continue
   budget_s=$((CALL_S - SECONDS - 190))
   (( budget_s > 0 )) || { echo "$label: no time left in this call" >&2; break; }
   (( $(nproc) > ${cpus#*-} )) || { echo "$label: needs CPUs $cpus" >&2; continue; }
