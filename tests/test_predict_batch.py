@@ -410,13 +410,15 @@ def test_the_validated_figures_are_the_committed_measurements():
         )
         assert VALIDATED[method].cases == doc["summary"][row]["cases"]
     workers = json.loads(
-        (results / "predict_same_gpu-workers-sixteen_ladders-H100_H200-2026-11-27.json").read_text()
+        (
+            results / "predict_same_gpu-workers-seventeen_ladders-H100_H200-2026-11-27.json"
+        ).read_text()
     )
     # `predict --workers` as it does on a ladder its constants were not fitted on (fitted on
-    # the other fifteen in turn), better than the bound CPUs / (W + 1) it replaced, the
+    # the other sixteen in turn), better than the bound CPUs / (W + 1) it replaced, the
     # loader probe and the decline per CPU share before them
     cv = json.loads(
-        (results / "workers_decline_cv-sixteen_ladders-H100_H200-2026-11-27.json").read_text()
+        (results / "workers_decline_cv-seventeen_ladders-H100_H200-2026-11-27.json").read_text()
     )["summary"]
     assert VALIDATED["workers"].mape_pct == pytest.approx(cv["decline"]["mape_pct"], abs=0.05)
     assert VALIDATED["workers"].cases == cv["decline"]["cases"]
