@@ -244,7 +244,10 @@ def test_advise_json_contract(capsys, small_catalog):
     assert code == 0, err
     doc = json.loads(out)
     assert {"catalog_date", "options", "recommended"} <= doc.keys()
-    assert doc["catalog_date"] == date.today().isoformat() and not doc["warnings"]
+    assert doc["catalog_date"] == date.today().isoformat()
+    # the one warning: the pick is an A10G, a GPU no prediction was ever checked on
+    (warning,) = doc["warnings"]
+    assert "g5.xlarge is beyond what predict was validated on: A10G" in warning
     for opt in doc["options"]:
         assert opt.keys() >= OPTION_KEYS
         assert opt["time_h_p90"] >= opt["time_h"] and opt["cost_usd_p90"] >= opt["cost_usd"]
@@ -256,6 +259,26 @@ def test_advise_json_contract(capsys, small_catalog):
     assert rec in doc["options"] and rec["time_h_p90"] <= 10
     assert rec["cost_usd"] == min(o["cost_usd"] for o in doc["options"] if o["time_h_p90"] <= 10)
     assert doc["spot"]["checkpoint_source"].startswith("modelled")
+    # the error of an option is the validated one only within the validated GPUs and counts
+    for opt in doc["options"]:
+        beyond = opt["beyond_validation"]
+        assert (beyond is None) == (opt["validated_error_pct"] is not None)
+        assert ("A10G" in (beyond or "")) == (opt["gpu"] == "A10G")
+        assert ("8 GPUs (validated on 1 and 2)" in (beyond or "")) == (opt["gpus"] == 8)
+
+
+def test_the_table_marks_options_beyond_validation(capsys, small_catalog):
+    small_catalog()
+    code, out, err = cli(capsys, "advise", str(SYNTHETIC), "--samples", "1e7")
+    assert code == 0, err
+    # 8x H100 (8 GPUs) and 1x A10G (another GPU): both on the front, both marked
+    rows = {line.split()[0]: line for line in out.splitlines()
+            if line.startswith(("p5.48xlarge", "g5.xlarge"))}  # fmt: skip
+    assert rows.keys() == {"p5.48xlarge", "g5.xlarge"}
+    assert all(" *? " in f"{row} " for row in rows.values())
+    text = " ".join(out.split())
+    assert "? a GPU or GPU count beyond what predict was validated on" in text
+    assert "beyond what predict was validated on" in err  # the pick's warning
 
 
 def test_advise_table_names_the_pick(capsys, small_catalog):

@@ -194,8 +194,12 @@ def test_kernel_method_from_a_profiler_window(tmp_path):
     record = read_record(rec)
     p = predict_run(record, Target("A100"))
     assert p.method == "kernel_roofline"
-    assert p.validated_error_pct in (VALIDATED["kernel_roofline"].mape_pct,
-                                     VALIDATED["host_bound"].mape_pct)  # fmt: skip
+    # no A100 was ever measured: the method's figure is said, not claimed for it
+    assert p.validated_error_pct is None
+    assert p.beyond_validation == "A100-80GB (validated on H100 and H200 only)"
+    (note,) = [n for n in p.notes if n.startswith("error unknown")]
+    assert any(f"{VALIDATED[k].mape_pct:.1f}% where validated" in note
+               for k in ("kernel_roofline", "host_bound"))  # fmt: skip
     s = record.meta["summary"]["phases_s"]
     gpu_s = min(record.series("steps")["gpu_step_time_s"].median(), s["compute"])
     busy = min(1.0, 0.030 / gpu_s)
@@ -229,6 +233,26 @@ def test_h100_run_predicts_the_h200_measurement():
     naive = read_record(SYNTHETIC).meta["summary"]["throughput_samples_per_s"]
     assert abs(naive / measured - 1) > 0.10  # the GPU swap matters: a no-op would fail
     assert p.validated_error_pct is not None
+
+
+def test_the_error_is_claimed_only_within_the_validated_gpus_and_counts():
+    """H100 and H200, 1 or 2 GPUs of one machine were measured; beyond them the method's
+    figure is given in a note, not as the prediction's error."""
+    record = read_record(SYNTHETIC)
+    within = predict_run(record, Target("H200", gpus=2))
+    assert within.beyond_validation is None and within.validated_error_pct is not None
+    four = predict_run(record, Target("H200", gpus=4))
+    assert four.beyond_validation == "4 GPUs (validated on 1 and 2)"
+    assert four.validated_error_pct is None
+    assert any(n.startswith("error unknown: 4 GPUs") for n in four.notes)
+    nodes = predict_run(record, Target("H100", gpus=2, nodes=2, network_gbps=100))
+    assert nodes.beyond_validation == "2 nodes (validated on one)"
+    l4 = predict_run(record, Target("L4", gpus=8))
+    assert (
+        l4.beyond_validation
+        == "L4 (validated on H100 and H200 only), 8 GPUs (validated on 1 and 2)"
+    )
+    assert l4.as_dict()["beyond_validation"] == l4.beyond_validation
 
 
 def test_a_one_gpu_prediction_never_builds_the_model(monkeypatch):

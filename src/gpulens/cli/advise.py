@@ -126,7 +126,8 @@ def throughput_table(record, instances, max_nodes: int, gpu_catalog: Path | None
             rows.append({**inst.__dict__, "nodes": nodes,
                          "throughput_samples_per_s": found.throughput_samples_per_s,
                          "loader_bound": found.loader_bound,
-                         "validated_error_pct": found.validated_error_pct})  # fmt: skip
+                         "validated_error_pct": found.validated_error_pct,
+                         "beyond_validation": found.beyond_validation})  # fmt: skip
     if not rows:
         raise UsageError(skipped[0]["reason"] if skipped else "the instance catalog is empty")
     return pd.DataFrame(rows), skipped
@@ -226,6 +227,12 @@ def advise(
             newest_day=day,
         )
         warnings += [old] if old else []
+    if chosen is not None and chosen.get("beyond_validation"):
+        warnings.append(
+            f"the recommended {chosen['instance']} is beyond what predict was validated on: "
+            f"{chosen['beyond_validation']}; its time and cost may be far off (measure a short "
+            "run there before committing)"
+        )
     if json_out:
         common.emit_json({
             "catalog_date": day, "options": options, "recommended": chosen,
@@ -267,13 +274,18 @@ def _render(options, chosen, reason: str, run_id: str, samples: float, day: str)
     table.add_column("", no_wrap=True)
     for opt in options:
         gpus = f"{opt['gpus']}x {opt['gpu']}" + (f" x{opt['nodes']}" if opt["nodes"] > 1 else "")
-        mark = ("*" if opt["pareto"] else " ") + (" <- pick" if opt is chosen else "")
+        mark = ("*" if opt["pareto"] else " ") + ("?" if opt.get("beyond_validation") else " ")
+        mark += " <- pick" if opt is chosen else ""
         instance = Text.assemble(opt["instance"], "\n", (f"({opt['provider']})", "dim"))
         table.add_row(instance, gpus, opt["pricing"],
                       f"{opt['time_h']:.2f}\n({opt['time_h_p90']:.2f})",
                       f"{opt['cost_usd']:,.2f}\n({opt['cost_usd_p90']:,.2f})", mark)  # fmt: skip
     out.print(table)
     out.print(Text("* on the Pareto front (no option both faster and cheaper)"), highlight=False)
+    if any(opt.get("beyond_validation") for opt in options):
+        out.print(Text("? a GPU or GPU count beyond what predict was validated on (H100 and "
+                       "H200, 1-2 GPUs of one machine): its error is unknown"),
+                  highlight=False)  # fmt: skip
     if chosen is not None:
         out.print(Text(f"pick: {chosen['instance']} x{chosen['nodes']} ({chosen['pricing']}), "
                        f"{chosen['time_h']:.2f} h, ${chosen['cost_usd']:.2f}: {reason}"),

@@ -24,7 +24,7 @@ TABLE_COLUMNS = (
 OPTION_COLUMNS = (
     "provider", "instance", "gpu", "gpus", "nodes", "pricing", "time_h", "cost_usd",
     "time_h_p90", "cost_usd_p90", "pareto", "throughput_samples_per_s", "price_date",
-    "checkpoint_interval_h", "revocations_per_h", "validated_error_pct",
+    "checkpoint_interval_h", "revocations_per_h", "validated_error_pct", "beyond_validation",
 )  # fmt: skip
 
 
@@ -91,7 +91,8 @@ def _option_rows(row: pd.Series, samples: float, spot: SpotParams | None) -> lis
     nodes = int(row["nodes"])
     base = {k: row[k] for k in ("provider", "instance", "gpu", "gpus", "nodes")}
     base.update(throughput_samples_per_s=tput, price_date=row.get("price_date"),
-                validated_error_pct=row.get("validated_error_pct"))  # fmt: skip
+                validated_error_pct=row.get("validated_error_pct"),
+                beyond_validation=row.get("beyond_validation"))  # fmt: skip
     cost = work_h * float(row["ondemand_usd_per_h"]) * nodes
     rows = [dict(base, pricing="on-demand", time_h=work_h, cost_usd=cost, time_h_p90=work_h,
                  cost_usd_p90=cost, checkpoint_interval_h=None, revocations_per_h=0.0)]  # fmt: skip

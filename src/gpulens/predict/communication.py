@@ -3,11 +3,15 @@ with link figures from the catalog, and its exposed share calibrated on measured
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
+from gpulens.errors import UsageError
 from gpulens.predict.allreduce import RingModel, calibrate_scaling, ddp_buckets
 from gpulens.predict.catalog import GpuSpec
+from gpulens.predict.features import RunFacts, run_facts
 
 log = logging.getLogger(__name__)
 
@@ -74,3 +78,41 @@ def communication(
     mid = fractions[len(fractions) // 2]
     log.info("all-reduce exposed share %.2f from %d measured pairs", mid, len(fractions))
     return Communication(grad, buckets, mid, tuple(used))
+
+
+def measured_pairs(facts: RunFacts) -> list[tuple[str, float, str, float, int]]:
+    """Measured (1-GPU, N-GPU) runs of the same workload, batch, precision and GPU model in the
+    store: what calibrates the exposed all-reduce share."""
+    from gpulens.paths import runs_dir
+
+    root = runs_dir()
+    try:
+        stamp = root.stat().st_mtime_ns  # a new run changes it: the cache is then missed
+    except OSError:
+        return []
+    key = (facts.workload, facts.batch_size, facts.precision, facts.gpu_name)
+    return list(_pairs_in(str(root), stamp, key))
+
+
+@functools.lru_cache(maxsize=16)
+def _pairs_in(root: str, stamp: int, key: tuple) -> tuple[tuple[str, float, str, float, int], ...]:
+    # One scan of the store per run and store state: `advise` predicts dozens of targets.
+    from gpulens.record.reader import list_records
+
+    by_gpus: dict[int, list[RunFacts]] = {}
+    for rec in list_records(Path(root)):
+        if rec.status != "finished":
+            continue
+        try:
+            f = run_facts(rec)
+        except UsageError:
+            continue
+        if (f.workload, f.batch_size, f.precision, f.gpu_name) == key:
+            by_gpus.setdefault(f.gpus, []).append(f)
+    pairs = []
+    for one in by_gpus.get(1, []):
+        for n, many in by_gpus.items():
+            pairs += [
+                (one.run_id, one.non_data_s, m.run_id, m.non_data_s, n) for m in many if n > 1
+            ]
+    return tuple(pairs)

@@ -12,7 +12,6 @@ whose loader could not keep up keeps its loader's pace: the data wait absorbs a 
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 from dataclasses import asdict, dataclass, field, replace
@@ -23,7 +22,7 @@ from gpulens.errors import UsageError
 from gpulens.predict import batch as batch_model
 from gpulens.predict import roofline, validation
 from gpulens.predict.catalog import GpuSpec, find_gpu
-from gpulens.predict.communication import Communication, communication
+from gpulens.predict.communication import Communication, communication, measured_pairs
 from gpulens.predict.features import RunFacts, gradient_tensors, model_size, run_facts
 from gpulens.predict.trace import read_kernels
 from gpulens.predict.workers import worker_pace_ratio
@@ -84,50 +83,13 @@ class Prediction:
     notes: tuple[str, ...] = field(default=())
     # the validated regimes (gpulens.predict.validation) whose error was weighed
     regimes: tuple[str, ...] = field(default=())
+    beyond_validation: str | None = None  # what lies outside the validated GPUs and counts
 
     def as_dict(self) -> dict[str, Any]:
         """The ``predict --json`` document."""
         doc = asdict(self)
         doc["notes"] = list(self.notes)
         return doc
-
-
-def _store_pairs(facts: RunFacts) -> list[tuple[str, float, str, float, int]]:
-    """Measured (1-GPU, N-GPU) runs of the same workload, batch, precision and GPU model in the
-    store: what calibrates the exposed all-reduce share."""
-    from gpulens.paths import runs_dir
-
-    root = runs_dir()
-    try:
-        stamp = root.stat().st_mtime_ns  # a new run changes it: the cache is then missed
-    except OSError:
-        return []
-    key = (facts.workload, facts.batch_size, facts.precision, facts.gpu_name)
-    return list(_pairs_in(str(root), stamp, key))
-
-
-@functools.lru_cache(maxsize=16)
-def _pairs_in(root: str, stamp: int, key: tuple) -> tuple[tuple[str, float, str, float, int], ...]:
-    # One scan of the store per run and store state: `advise` predicts dozens of targets.
-    from gpulens.record.reader import list_records
-
-    by_gpus: dict[int, list[RunFacts]] = {}
-    for rec in list_records(Path(root)):
-        if rec.status != "finished":
-            continue
-        try:
-            f = run_facts(rec)
-        except UsageError:
-            continue
-        if (f.workload, f.batch_size, f.precision, f.gpu_name) == key:
-            by_gpus.setdefault(f.gpus, []).append(f)
-    pairs = []
-    for one in by_gpus.get(1, []):
-        for n, many in by_gpus.items():
-            pairs += [
-                (one.run_id, one.non_data_s, m.run_id, m.non_data_s, n) for m in many if n > 1
-            ]
-    return tuple(pairs)
 
 
 # Below this share of kernel time in the step, the host's speed matters as much as the GPU's.
@@ -403,7 +365,7 @@ def predict_run(record, target: Target, catalog: Path | None = None) -> Predicti
     multi_gpu = target.total_gpus > 1 or facts.gpus > 1
     # only an all-reduce needs the parameter count (building the model imports torch: seconds)
     params = model_size(facts.workload)[0] if multi_gpu else None
-    pairs = _store_pairs(facts) if multi_gpu else []
+    pairs = measured_pairs(facts) if multi_gpu else []
     comm: Communication = communication(params, facts.ddp_bucket_mb, pairs, src_spec)
     comm_src = comm.exposed_s(src_spec, facts.gpus)
     core = max(facts.gpu_time_s - comm_src, 0.5 * facts.gpu_time_s)
@@ -466,6 +428,11 @@ def predict_run(record, target: Target, catalog: Path | None = None) -> Predicti
     repeat_note = validation.run_to_run_note(regimes)
     if fit_error is not None:
         error = max(fit_error, error or 0.0)
+    # a regression's held-out error was measured on the GPUs it was fitted on
+    gpus = (src_spec.gpu, tgt_spec.gpu) if fit_error is None else ()
+    beyond = validation.beyond_validation(gpus, facts.gpus, target.gpus, target.nodes)
+    error, unknown = validation.claimed_error(error, beyond)
+    notes += unknown
     h2d = facts.h2d_s * batch / facts.batch_size
     busy = compute + comm_tgt + h2d
     data_wait = max(0.0, facts.data_wait_s + min(overhead, 0.0))
@@ -497,4 +464,5 @@ def predict_run(record, target: Target, catalog: Path | None = None) -> Predicti
         loader_bound=loader_bound,
         notes=tuple(notes),
         regimes=tuple(r for r in regimes if r in validation.VALIDATED),
+        beyond_validation=beyond,
     )

@@ -223,6 +223,40 @@ def run_to_run_note(regimes: tuple[str, ...] | list[str]) -> str | None:
     )
 
 
+# Every figure above was measured on these GPUs (catalog names; the H100s were SXM, 80 GB) and
+# on 1 or 2 GPUs of one machine. Beyond them the error is not known: kernels under the latency
+# bound keep their measured time, which a GPU with fewer or slower SMs (A100, L4, T4) does not
+# match, and the all-reduce of more than 2 GPUs or of several nodes was never measured.
+VALIDATED_GPUS = ("H100-SXM", "H200")
+VALIDATED_MAX_GPUS = 2
+
+
+def beyond_validation(
+    gpus: tuple[str, ...], source_gpus: int, target_gpus: int, nodes: int = 1
+) -> str | None:
+    """What of a prediction between ``gpus`` (catalog names), from ``source_gpus`` to
+    ``target_gpus`` per node on ``nodes``, lies outside what was validated; None if nothing."""
+    outside = [g for g in dict.fromkeys(gpus) if g not in VALIDATED_GPUS]
+    parts = [f"{' and '.join(outside)} (validated on H100 and H200 only)"] if outside else []
+    if nodes > 1:
+        parts.append(f"{nodes} nodes (validated on one)")
+    elif max(source_gpus, target_gpus) > VALIDATED_MAX_GPUS:
+        count = max(source_gpus, target_gpus)
+        parts.append(f"{count} GPUs (validated on 1 and {VALIDATED_MAX_GPUS})")
+    return ", ".join(parts) or None
+
+
+def claimed_error(error: float | None, beyond: str | None) -> tuple[float | None, list[str]]:
+    """The error a prediction may claim, and a note where it lies ``beyond`` validation: the
+    method's figure is said there, not claimed."""
+    if not beyond or error is None:
+        return error, []
+    return None, [
+        f"error unknown: {beyond}; the method erred {error:.1f}% where validated, and can err "
+        "far more here (measure a short run on the target to check)"
+    ]
+
+
 def error_pct(method: str, *regimes: str) -> float | None:
     """The validated error of ``method``, or the larger one of a regime it is used in
     (``loader_bound``, ``multi_gpu``); None where none of them was validated."""
