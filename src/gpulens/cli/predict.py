@@ -21,7 +21,8 @@ PREDICT_HELP = (
     "1- and 2-GPU runs of the same workload in the store); the data pipeline keeps its measured "
     "pace per worker, scaled by how it falls as its loader runs more workers, and shared with "
     "the other ranks' workers where the host's CPUs run short. The output names the method "
-    "and its error where it was validated; where the host or the loader sets the pace, it "
+    "and its error where it was validated (H100 and H200, 1-2 GPUs of one machine; beyond "
+    "them it says the error is unknown); where the host or the loader sets the pace, it "
     "also says how much two runs of one configuration differ (compare against the "
     "median of several runs).\n\n"
     "A RUN is a run id (or unique prefix, name, or 'latest') or a run directory.\n\n"
@@ -71,7 +72,7 @@ def predict(
         None,
         "--workers",
         help="Data-loader workers per GPU [default: the run's]. Each worker's pace falls as more "
-        "run beside it (by the decline measured on fifteen ladders, hosts of 2-32 CPUs), and "
+        "run beside it (by the decline measured on seventeen ladders, hosts of 2-32 CPUs), and "
         "the workers share what the training process leaves of the CPUs where they need more "
         "than the run had; a run whose "
         "loader kept up needs --prep-timing for its loader's own pace.",
