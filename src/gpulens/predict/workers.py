@@ -361,7 +361,7 @@ def worker_pace_ratio(
         training_cpus=TRAINING_PROCESS_CPUS * from_ranks,
         host_workers=host_from,
     )
-    decline = "the decline measured on fifteen workers ladders, hosts of 2-32 CPUs"
+    decline = "the decline measured on seventeen workers ladders, hosts of 2-32 CPUs"
     if from_ranks == to_ranks == 1:
         notes = [
             f"each worker's pace scaled by {ratio:.2f} for {to_workers} workers instead of "
