@@ -104,7 +104,7 @@ VALIDATED: dict[str, Validated] = {
     # bound of before: 10.2%). A sixteenth, mobilenet_v3_small on all 32 CPUs of an H200 pair
     # (dcce8d3, measured after), erred 11.9% run by run: its workers' pace hardly fell beyond
     # 4 workers, and no ratio at all would have erred 10.9% there. A seventeenth (b546032,
-    # another H200 pair host, 32 CPUs) ran both workloads, 3 rounds: held out 9.2% (per CPU
+    # an H200 pair machine, 32 CPUs) ran both workloads, 3 rounds: held out 9.2% (per CPU
     # share 10.4%, none 17.0%); each worker's pace at 16 workers against one was 0.66
     # (mobilenet_v3_small) and 0.87 (resnet18), where the rule says 0.74 for both. All
     # seventeen, each scored with the constants fitted on the other sixteen:
@@ -114,7 +114,7 @@ VALIDATED: dict[str, Validated] = {
         8.9,
         2346,
         "loader workers 1-16, resnet18, resnet50, mobilenet_v3_small and vit_b_16 bf16 with "
-        "their JPEG loaders on six H100 and eight H200 machines of 2-32 CPUs (predict --workers "
+        "their JPEG loaders on six H100 and 7-8 H200 machines of 2-32 CPUs (predict --workers "
         "on every other run of the job, the constants fitted on the other ladders); two runs "
         "of one worker count differed by 9.7%",
     ),
