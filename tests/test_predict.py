@@ -418,6 +418,38 @@ def test_fit_recovers_a_power_law_on_held_out_workloads(gpulens_home, capsys):
     assert p.method == "regression"
     measured = _law_step_s(*CASES[2])
     assert p.step_time_s == pytest.approx(measured, rel=0.02)
+    assert p.beyond_validation is None and p.validated_error_pct == doc["heldout_mape_pct"]
+
+
+def test_a_regression_fitted_on_a_gpu_claims_its_held_out_error_there(gpulens_home, capsys):
+    """An A100 is beyond what the roofline was validated on, but a regression fitted on the
+    store's A100 runs measured its own error there, on held-out runs."""
+    cases = [
+        (w, b, g)
+        for w, b, _ in CASES[::2]
+        for g in ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB")
+    ]
+    for i, (w, b, g) in enumerate(cases):
+        step = _law_step_s(w, b, g)
+        rec = copy_record(SYNTHETIC, gpulens_home / "runs" / f"r{i:02d}", workload=w,
+                          batch_size=b, flops_per_sample=1e9,
+                          phases_s={"data_wait": 0.0, "h2d": 0.0, "compute": step, "step": step},
+                          gpu={"name": g, "dram_bw_util_pct": 50.0})  # fmt: skip
+        meta = json.loads((rec / "run.json").read_text())
+        meta["run_id"] = f"r{i:02d}"
+        (rec / "run.json").write_text(json.dumps(meta))
+    code, out, err = cli(capsys, "fit", "--json")
+    assert code == 0, err
+    heldout = json.loads(out)["heldout_mape_pct"]
+    assert fit.load_model().gpus == ("A100-80GB", "H100-SXM")
+    source = read_record(gpulens_home / "runs" / "r00")  # an H100 run
+    p = predict_run(source, Target("A100-80GB"))
+    assert p.method == "regression"
+    assert p.beyond_validation is None and p.validated_error_pct == heldout
+    # a GPU the regression never saw is beyond validation again
+    l4 = predict_run(source, Target("L4"))
+    assert l4.method != "regression" and l4.validated_error_pct is None
+    assert l4.beyond_validation == "L4 (validated on H100 and H200 only)"
 
 
 def test_mfu_peaks_agree_with_the_catalog():
