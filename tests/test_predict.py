@@ -395,16 +395,21 @@ def _law_step_s(workload: str, batch: int, gpu: str) -> float:
     return 2e-9 * params**0.3 * layers**0.5 * batch**0.9 * (3350 / bw) ** 0.6
 
 
-def test_fit_recovers_a_power_law_on_held_out_workloads(gpulens_home, capsys):
-    for i, (w, b, g) in enumerate(CASES):
+def _store_law_runs(home: Path, cases) -> None:
+    """One finished run per (workload, batch, GPU) whose step follows ``_law_step_s``."""
+    for i, (w, b, g) in enumerate(cases):
         step = _law_step_s(w, b, g)
-        rec = copy_record(SYNTHETIC, gpulens_home / "runs" / f"r{i:02d}", workload=w,
+        rec = copy_record(SYNTHETIC, home / "runs" / f"r{i:02d}", workload=w,
                           batch_size=b, flops_per_sample=1e9,
                           phases_s={"data_wait": 0.0, "h2d": 0.0, "compute": step, "step": step},
                           gpu={"name": g, "dram_bw_util_pct": 50.0})  # fmt: skip
         meta = json.loads((rec / "run.json").read_text())
         meta["run_id"] = f"r{i:02d}"
         (rec / "run.json").write_text(json.dumps(meta))
+
+
+def test_fit_recovers_a_power_law_on_held_out_workloads(gpulens_home, capsys):
+    _store_law_runs(gpulens_home, CASES)
     code, out, err = cli(capsys, "fit", "--json")
     assert code == 0, err
     doc = json.loads(out)
@@ -429,15 +434,7 @@ def test_a_regression_fitted_on_a_gpu_claims_its_held_out_error_there(gpulens_ho
         for w, b, _ in CASES[::2]
         for g in ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB")
     ]
-    for i, (w, b, g) in enumerate(cases):
-        step = _law_step_s(w, b, g)
-        rec = copy_record(SYNTHETIC, gpulens_home / "runs" / f"r{i:02d}", workload=w,
-                          batch_size=b, flops_per_sample=1e9,
-                          phases_s={"data_wait": 0.0, "h2d": 0.0, "compute": step, "step": step},
-                          gpu={"name": g, "dram_bw_util_pct": 50.0})  # fmt: skip
-        meta = json.loads((rec / "run.json").read_text())
-        meta["run_id"] = f"r{i:02d}"
-        (rec / "run.json").write_text(json.dumps(meta))
+    _store_law_runs(gpulens_home, cases)
     code, out, err = cli(capsys, "fit", "--json")
     assert code == 0, err
     heldout = json.loads(out)["heldout_mape_pct"]
