@@ -130,3 +130,41 @@ def test_ctrl_c_during_a_step_that_swallows_it_stops_the_measured_loop(tmp_path)
     assert proc.stdout.readline().strip() == "ready"
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=15) == 130
+
+
+def test_a_signal_handler_sets_an_event_without_waiting_for_its_lock():
+    """A handler runs on the main thread, possibly inside ``event.wait()`` after it took the
+    event's lock back; ``event.set()`` there would wait for that lock forever (a served run
+    hung so on SIGTERM). ``set_from_handler`` returns at once and the event is set once the
+    lock is free."""
+    import threading
+
+    stop = threading.Event()
+    done = threading.Event()
+
+    def handler_inside_wait() -> None:
+        with stop._cond:  # where Event.wait() is when a signal's handler runs
+            interrupts.set_from_handler(stop)
+            done.set()
+            assert not stop.is_set()
+
+    worker = threading.Thread(target=handler_inside_wait, daemon=True)
+    worker.start()
+    assert done.wait(5), "set_from_handler waited for a lock its own thread holds"
+    assert stop.wait(5)
+
+
+def test_no_signal_handler_sets_an_event_itself():
+    """Every SIGTERM handler that ends a wait goes through interrupts.set_from_handler."""
+    import re
+    from pathlib import Path
+
+    src = Path(__file__).parents[1] / "src" / "gpulens"
+    direct = re.compile(r"signal\.signal\([^\n]*lambda[^\n]*\.set\(\)")
+    found = [
+        f"{path.relative_to(src)}:{n}"
+        for path in src.rglob("*.py")
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if direct.search(line)
+    ]
+    assert not found, found

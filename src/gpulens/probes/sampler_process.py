@@ -27,9 +27,10 @@ def main(argv: list[str] | None = None) -> int:
     from gpulens.probes.monitor import ProbeSpec, build_probe, probe_unsupported, sample_loop
     from gpulens.record import schema
     from gpulens.record.writer import SeriesWriter
+    from gpulens.run.interrupts import set_from_handler
 
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda _signum, _frame: stop.set())
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: set_from_handler(stop))
 
     ap = argparse.ArgumentParser(prog="gpulens-sampler")
     ap.add_argument("--run-dir", required=True)

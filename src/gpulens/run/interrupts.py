@@ -70,3 +70,12 @@ def held() -> Iterator[None]:
         _state["held"] -= 1
     if not _state["held"]:
         raise_if_interrupted()
+
+
+def set_from_handler(event: threading.Event) -> None:
+    """Set ``event`` from a signal handler. A handler runs on the main thread between two
+    bytecodes, possibly inside ``event.wait()`` just after it took the event's lock back (a
+    lock that is not reentrant): ``event.set()`` there waits for that lock forever. A served
+    run hung so on SIGTERM in CI (2026-11-27). A thread of its own sets the event once the
+    handler has returned and the main thread has let the lock go."""
+    threading.Thread(target=event.set, name="gpulens-signal-set", daemon=True).start()

@@ -111,7 +111,7 @@ def _sigterm_sets(stop: threading.Event, why: list[str]) -> Iterator[None]:
 
     def on_sigterm(*_args) -> None:
         why.append("sigterm")
-        stop.set()
+        interrupts.set_from_handler(stop)
 
     previous = signal.signal(signal.SIGTERM, on_sigterm)
     try:

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from gpulens.record import schema
+from gpulens.run.interrupts import set_from_handler
 
 log = logging.getLogger(__name__)
 
@@ -181,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="gpulens live: %(message)s")
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: set_from_handler(stop))
 
     def watch_stdin() -> None:
         try:
