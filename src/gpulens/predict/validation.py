@@ -238,10 +238,10 @@ def beyond_validation(
     ``target_gpus`` per node on ``nodes``, lies outside what was validated; None if nothing."""
     outside = [g for g in dict.fromkeys(gpus) if g not in VALIDATED_GPUS]
     parts = [f"{' and '.join(outside)} (validated on H100 and H200 only)"] if outside else []
+    count = max(source_gpus, target_gpus)
     if nodes > 1:
         parts.append(f"{nodes} nodes (validated on one)")
-    elif max(source_gpus, target_gpus) > VALIDATED_MAX_GPUS:
-        count = max(source_gpus, target_gpus)
+    elif count > VALIDATED_MAX_GPUS:
         parts.append(f"{count} GPUs (validated on 1 and {VALIDATED_MAX_GPUS})")
     return ", ".join(parts) or None
 
