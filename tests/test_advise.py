@@ -7,6 +7,7 @@ import json
 import shutil
 from datetime import date
 from pathlib import Path
+from statistics import NormalDist
 
 import numpy as np
 import pandas as pd
@@ -21,6 +22,10 @@ from gpulens.predict.spot import SpotParams
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SYNTHETIC = FIXTURES / "record_h100_resnet50_synthetic"  # resnet50 bf16 on an H100
+RESULTS = Path(__file__).parents[1] / "benchmarks" / "results"
+VALIDATION_JSON = (
+    RESULTS / "predict_validation-H100_H200-records_and_ladders-six_ladders-2026-11-26.json"
+)
 OPTION_KEYS = {
     "provider", "instance", "gpu", "gpus", "nodes", "pricing", "time_h", "cost_usd",
     "time_h_p90", "cost_usd_p90", "pareto",
@@ -175,6 +180,70 @@ def test_empty_options_recommend_nothing():
     assert recommend(advise(BASIC, SAMPLES).options.iloc[0:0], 1.0, None)[0] is None
 
 
+# --------------------------------------------------------------------- prediction error
+P90_OF_NORMAL = NormalDist().inv_cdf(0.9)
+
+
+def test_p90_spreads_each_time_by_its_prediction_error():
+    t = table([("known", 1000.0, 10.0, 3.0), ("assumed", 1000.0, 10.0, 3.0),
+               ("exact", 1000.0, 10.0, 3.0)])  # fmt: skip
+    t["p90_error_pct"] = [6.2, 21.4, None]
+    t["p90_error_basis"] = ["validated", "assumed", None]
+    o = advise(t, SAMPLES, spot=SpotParams(60.0, 300.0, 0.05)).options
+    for name, pct in (("known", 6.2), ("assumed", 21.4)):
+        od = by_instance(o, name)
+        # normal errors whose mean absolute size is pct: sd = pct * sqrt(pi / 2)
+        factor = np.exp(P90_OF_NORMAL * pct / 100 * np.sqrt(np.pi / 2))
+        assert od["time_h"] == pytest.approx(1.0)  # p50: the prediction itself
+        assert od["time_h_p90"] == pytest.approx(factor)
+        assert od["cost_usd_p90"] == pytest.approx(10.0 * factor)
+        assert od["p90_error_pct"] == pct and od["p90_error_basis"] == name.replace(
+            "known", "validated"
+        )
+    assert by_instance(o, "known")["time_h_p90"] == pytest.approx(1.105, abs=0.001)
+    assert by_instance(o, "assumed")["time_h_p90"] == pytest.approx(1.41, abs=0.01)
+    exact = by_instance(o, "exact")
+    assert exact["time_h_p90"] == exact["time_h"] and pd.isna(exact["p90_error_basis"])
+    # on spot the error widens the revocations' spread, and leaves the median about as it was
+    spots = {n: by_instance(o, n, "spot") for n in ("known", "assumed", "exact")}
+    assert spots["exact"]["time_h_p90"] < spots["known"]["time_h_p90"]
+    assert spots["known"]["time_h_p90"] < spots["assumed"]["time_h_p90"]
+    assert spots["assumed"]["time_h_p90"] > 1.3 * spots["exact"]["time_h"]
+    assert spots["assumed"]["time_h"] == pytest.approx(spots["exact"]["time_h"], rel=0.03)
+
+
+def test_a_deadline_met_only_without_the_error_is_not_met():
+    # cheap: 9.5 h predicted, its error unknown; dear: 9.8 h, validated to 2%
+    t = table([("cheap", 3.6e6 / 9.5 / 3600, 1.0, None), ("dear", 3.6e6 / 9.8 / 3600, 5.0, None)])
+    t["p90_error_pct"] = [21.4, 2.0]
+    a = advise(t, 3.6e6, deadline_h=10.5)
+    assert a.options.loc[a.recommended, "instance"] == "dear"
+    t["p90_error_pct"] = [None, None]  # as advise did before: the cheap one
+    a = advise(t, 3.6e6, deadline_h=10.5)
+    assert a.options.loc[a.recommended, "instance"] == "cheap"
+
+
+def test_the_p90_rule_holds_about_90_percent_of_the_measured_cross_gpu_times():
+    """The assumed error's p90, and the validated GPU-bound one's, against the committed
+    H100 <-> H200 validation (one-GPU kernel-method cases): the share of measured times at
+    or under the predicted p90 should be near 90%, not far above (too wide to be of use) or
+    below (an overconfident deadline)."""
+    from gpulens.predict.advise import Z_P90, error_sigma
+    from gpulens.predict.validation import ASSUMED_ERROR, VALIDATED
+
+    doc = json.loads(VALIDATION_JSON.read_text())
+    cases = [c for c in doc["cases"] if c["gpus"] == 1 and "source_gpu_busy" in c]
+    for c in cases:  # a time ratio: measured over predicted
+        c["ratio"] = c["predicted_samples_per_s"] / c["measured_samples_per_s"]
+    busy = [c for c in cases if min(c["source_gpu_busy"], c["target_gpu_busy"]) >= 0.8]
+    for group, pct in ((busy, VALIDATED["kernel_roofline"].mape_pct),
+                       (cases, ASSUMED_ERROR.mape_pct)):  # fmt: skip
+        p90 = np.exp(Z_P90 * error_sigma(pct))
+        held = np.mean([c["ratio"] <= p90 for c in group])
+        assert 0.85 <= held <= 0.97, (len(group), pct, held)
+    assert len(busy) == VALIDATED["kernel_roofline"].cases and len(cases) == 232
+
+
 # --------------------------------------------------------------------------------- spot
 def test_spot_options_only_where_priced():
     t = table([("a", 1000.0, 10.0, 3.0), ("b", 500.0, 3.0, None)])
@@ -279,6 +348,43 @@ def test_the_table_marks_options_beyond_validation(capsys, small_catalog):
     text = " ".join(out.split())
     assert "? a GPU or GPU count beyond what predict was validated on" in text
     assert "beyond what predict was validated on" in err  # the pick's warning
+
+
+def test_each_option_says_which_error_its_p90_counts(capsys, tmp_path, monkeypatch):
+    path = tmp_path / "instances.csv"
+    day = date.today().isoformat()
+    path.write_text(
+        HEADER
+        + "".join(
+            f"\nx,{name},{gpu},1,16,128,10,{price},,,r,{day},x,"
+            for name, gpu, price in (
+                ("same", "H100-SXM", 4.0),
+                ("other", "H200", 5.0),
+                ("unchecked", "A10G", 1.0),
+            )
+        )
+    )
+    monkeypatch.setattr(cat, "INSTANCES_PATH", path)  # fmt: skip
+    code, out, err = cli(capsys, "advise", str(SYNTHETIC), "--samples", "1e7", "--json")
+    assert code == 0, err
+    opts = {o["instance"]: o for o in json.loads(out)["options"]}
+    # the run's own GPU and count: what it measured, spread by how much two runs differ
+    assert (opts["same"]["p90_error_basis"], opts["same"]["p90_error_pct"]) == ("run to run", 11.7)
+    assert opts["same"]["validated_error_pct"] is None and not opts["same"]["beyond_validation"]
+    # another validated GPU: the prediction's own validated error
+    assert opts["other"]["p90_error_basis"] == "validated"
+    assert opts["other"]["p90_error_pct"] == opts["other"]["validated_error_pct"] > 0
+    # a GPU never measured: the assumed error, the widest measured across GPUs
+    assert (opts["unchecked"]["p90_error_basis"], opts["unchecked"]["p90_error_pct"]) == (
+        "assumed", 21.4)  # fmt: skip
+    for o in opts.values():
+        assert o["time_h_p90"] == pytest.approx(
+            o["time_h"] * np.exp(P90_OF_NORMAL * o["p90_error_pct"] / 100 * np.sqrt(np.pi / 2))
+        )
+    code, out, err = cli(capsys, "advise", str(SYNTHETIC), "--samples", "1e7")
+    text = " ".join(out.split())
+    assert "its p90 assumes 21.4%" in text
+    assert "(p90) spreads each time by its prediction's error" in text
 
 
 def test_advise_table_names_the_pick(capsys, small_catalog):

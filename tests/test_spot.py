@@ -92,3 +92,16 @@ def test_short_job_needs_no_checkpoint():
 def test_spot_params_reject_bad_values(kwargs, flag):
     with pytest.raises(UsageError, match=flag):
         SpotParams(**kwargs)
+
+
+def test_the_prediction_error_spreads_the_time_even_without_revocations():
+    sigma = 0.0777  # a 6.2% mean absolute error
+    exact = spot_outcome(12.5, 0.01, 0.1, 0.0, samples=20000)
+    spread = spot_outcome(12.5, 0.01, 0.1, 0.0, samples=20000, error_sigma=sigma)
+    assert exact.time_h_p90 == exact.time_h_p50 == 12.5
+    assert spread.time_h_p50 == pytest.approx(12.5, rel=0.01)
+    assert spread.time_h_p90 == pytest.approx(12.5 * math.exp(1.2816 * sigma), rel=0.01)
+    # with revocations, the error's draws come on top of theirs, on a stream of their own
+    base = spot_outcome(50.0, 0.05, 0.1, 0.2, seed=3)
+    both = spot_outcome(50.0, 0.05, 0.1, 0.2, seed=3, error_sigma=sigma)
+    assert both.interval_h == base.interval_h and both.time_h_p90 > base.time_h_p90

@@ -14,6 +14,7 @@ from rich.text import Text
 
 from gpulens.cli import common
 from gpulens.errors import UsageError
+from gpulens.predict.validation import ASSUMED_ERROR, HOST_PACED_REPEAT
 from gpulens.report.terminal import COMPACT
 
 log = logging.getLogger("gpulens.cli.advise")
@@ -32,9 +33,13 @@ ADVISE_HELP = (
     "the fastest within --budget, else the knee of the front. Throughput per configuration comes "
     "from `gpulens predict` on the run. With --spot, also spot servers: revocations (Poisson), "
     "checkpoints at the best interval (Young/Daly, checked by simulation) and restarts, as p50 "
-    "and p90 of a Monte Carlo (fixed seed). Deadlines and budgets are met at p90. Options on a "
-    "GPU other than H100 or H200, or on more than 2 GPUs or several nodes, are marked '?': "
-    "`predict` was never checked there, and the pick warns if it is one.\n\n"
+    "and p90 of a Monte Carlo (fixed seed). Every p90 also spreads the predicted time by the "
+    "prediction's own error: the one validated for it; for the run's own configuration, how "
+    f"much two runs of one configuration differ ({HOST_PACED_REPEAT.mape_pct}%); else an "
+    f"assumed {ASSUMED_ERROR.mape_pct}%, the widest measured across GPUs. Deadlines and "
+    "budgets are met at p90. Options on a GPU other than H100 or H200, or on more than 2 GPUs "
+    "or several nodes, are marked '?': `predict` was never checked there (their p90 takes the "
+    "assumed error), and the pick warns if it is one.\n\n"
     "WORKLOAD|RUN: a built-in workload (its newest finished run in the store) or a run id, "
     "prefix, name, 'latest' or directory.\n\n"
     "\b\nExamples:\n"
@@ -105,6 +110,7 @@ def throughput_table(record, instances, max_nodes: int, gpu_catalog: Path | None
     predictor cannot do are returned apart with its reason."""
     import pandas as pd
 
+    from gpulens.predict import validation
     from gpulens.predict.predictor import Target, predict_run
 
     cache: dict[Target, Any] = {}
@@ -125,11 +131,17 @@ def throughput_table(record, instances, max_nodes: int, gpu_catalog: Path | None
                 reason = str(found).replace("--catalog FILE", "--gpu-catalog FILE")
                 skipped.append({"instance": inst.instance, "nodes": nodes, "reason": reason})
                 continue
+            # the run's own configuration: its GPU, count, batch and workers
+            measured_here = found.method == "same_gpu" and set(found.regimes) <= {"loader_bound"}
+            spread, basis = validation.spread_error(
+                found.validated_error_pct, found.beyond_validation, measured_here
+            )
             rows.append({**inst.__dict__, "nodes": nodes,
                          "throughput_samples_per_s": found.throughput_samples_per_s,
                          "loader_bound": found.loader_bound,
                          "validated_error_pct": found.validated_error_pct,
-                         "beyond_validation": found.beyond_validation})  # fmt: skip
+                         "beyond_validation": found.beyond_validation,
+                         "p90_error_pct": spread, "p90_error_basis": basis})  # fmt: skip
     if not rows:
         raise UsageError(skipped[0]["reason"] if skipped else "the instance catalog is empty")
     return pd.DataFrame(rows), skipped
@@ -285,9 +297,14 @@ def _render(options, chosen, reason: str, run_id: str, samples: float, day: str)
     out.print(table)
     out.print(Text("* on the Pareto front (no option both faster and cheaper)"), highlight=False)
     if any(opt.get("beyond_validation") for opt in options):
+        assumed = max((o["p90_error_pct"] or 0) for o in options if o.get("beyond_validation"))
         out.print(Text("? a GPU or GPU count beyond what predict was validated on (H100 and "
-                       "H200, 1-2 GPUs of one machine): its error is unknown"),
-                  highlight=False)  # fmt: skip
+                       "H200, 1-2 GPUs of one machine): its error is unknown, its p90 assumes "
+                       f"{assumed:.1f}%"), highlight=False)  # fmt: skip
+    out.print(Text("(p90) spreads each time by its prediction's error"
+                   + (", and on spot by revocations and restarts" if any(
+                       o["pricing"] == "spot" for o in options) else "")),
+              highlight=False)  # fmt: skip
     if chosen is not None:
         out.print(Text(f"pick: {chosen['instance']} x{chosen['nodes']} ({chosen['pricing']}), "
                        f"{chosen['time_h']:.2f} h, ${chosen['cost_usd']:.2f}: {reason}"),
@@ -295,7 +312,7 @@ def _render(options, chosen, reason: str, run_id: str, samples: float, day: str)
         if chosen["checkpoint_interval_h"]:
             every = chosen["checkpoint_interval_h"] * 60
             out.print(Text(f"  checkpoint every {every:.0f} min of training (Young/Daly, checked "
-                           "by simulation); p90 includes revocations and restarts"),
+                           "by simulation)"),
                       highlight=False)  # fmt: skip
 
 

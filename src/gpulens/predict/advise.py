@@ -1,6 +1,10 @@
 """What to run on: every configuration's time and cost for a job, the Pareto front, and the one
 to pick for a deadline or a budget. Pure: works on a throughput table (one row per
-configuration, throughput from the predictor) and prints nothing."""
+configuration, throughput from the predictor) and prints nothing.
+
+Each time is a distribution: p50 is the prediction (on spot, with revocations), p90 adds the
+prediction's own error (``p90_error_pct`` of the table, read as normal errors of that mean
+absolute size: a lognormal factor of median 1) and, on spot, the revocations' spread."""
 
 from __future__ import annotations
 
@@ -25,7 +29,17 @@ OPTION_COLUMNS = (
     "provider", "instance", "gpu", "gpus", "nodes", "pricing", "time_h", "cost_usd",
     "time_h_p90", "cost_usd_p90", "pareto", "throughput_samples_per_s", "price_date",
     "checkpoint_interval_h", "revocations_per_h", "validated_error_pct", "beyond_validation",
+    "p90_error_pct", "p90_error_basis",
 )  # fmt: skip
+Z_P90 = 1.2815515655446004  # the standard normal's 90th percentile
+MAD_TO_SD = math.sqrt(math.pi / 2)  # a normal's sd over its mean absolute deviation
+
+
+def error_sigma(error_pct: float | None) -> float:
+    """The log-sd of a time whose prediction errs ``error_pct`` on average (absolute)."""
+    if error_pct is None or pd.isna(error_pct) or error_pct <= 0:
+        return 0.0
+    return MAD_TO_SD * float(error_pct) / 100.0
 
 
 def _positive(name: str, value: float | None, flag: str) -> None:
@@ -90,12 +104,18 @@ def _option_rows(row: pd.Series, samples: float, spot: SpotParams | None) -> lis
     work_h = samples / tput / 3600.0
     nodes = int(row["nodes"])
     base = {k: row[k] for k in ("provider", "instance", "gpu", "gpus", "nodes")}
+    spread_pct = row.get("p90_error_pct")
+    sigma = error_sigma(spread_pct)
     base.update(throughput_samples_per_s=tput, price_date=row.get("price_date"),
                 validated_error_pct=row.get("validated_error_pct"),
-                beyond_validation=row.get("beyond_validation"))  # fmt: skip
+                beyond_validation=row.get("beyond_validation"),
+                p90_error_pct=None if sigma == 0 else float(spread_pct),
+                p90_error_basis=row.get("p90_error_basis") if sigma else None)  # fmt: skip
     cost = work_h * float(row["ondemand_usd_per_h"]) * nodes
-    rows = [dict(base, pricing="on-demand", time_h=work_h, cost_usd=cost, time_h_p90=work_h,
-                 cost_usd_p90=cost, checkpoint_interval_h=None, revocations_per_h=0.0)]  # fmt: skip
+    p90_h = work_h * math.exp(Z_P90 * sigma)
+    rows = [dict(base, pricing="on-demand", time_h=work_h, cost_usd=cost, time_h_p90=p90_h,
+                 cost_usd_p90=p90_h * float(row["ondemand_usd_per_h"]) * nodes,
+                 checkpoint_interval_h=None, revocations_per_h=0.0)]  # fmt: skip
     spot_price = row.get("spot_usd_per_h")
     if spot is None or spot_price is None or pd.isna(spot_price):
         return rows
@@ -106,7 +126,7 @@ def _option_rows(row: pd.Series, samples: float, spot: SpotParams | None) -> lis
             float(catalog_rate))  # fmt: skip
     rate_job = rate * nodes  # any node's revocation stops a data-parallel job
     out = spot_outcome(work_h, spot.checkpoint_s / 3600.0, spot.restart_s / 3600.0, rate_job,
-                       spot.samples, spot.seed)  # fmt: skip
+                       spot.samples, spot.seed, sigma)  # fmt: skip
     per_h = float(spot_price) * nodes
     rows.append(dict(base, pricing="spot", time_h=out.time_h_p50, cost_usd=out.time_h_p50 * per_h,
                      time_h_p90=out.time_h_p90, cost_usd_p90=out.time_h_p90 * per_h,
@@ -131,7 +151,8 @@ def _knee(options: pd.DataFrame) -> int:
 def recommend(
     options: pd.DataFrame, deadline_h: float | None, budget_usd: float | None
 ) -> tuple[int | None, str]:
-    """The row to pick and why. Deadlines and budgets are met at p90 (spot runs vary)."""
+    """The row to pick and why. Deadlines and budgets are met at p90 (predictions err, spot
+    runs vary)."""
     if options.empty:
         return None, "no configuration could be predicted"
     fits = pd.Series(True, index=options.index)
@@ -173,9 +194,10 @@ def advise(
     budget_usd: float | None = None,
     spot: SpotParams | None = None,
 ) -> Advice:
-    """Every configuration of ``table`` (``TABLE_COLUMNS``; optional ``price_date`` and
-    ``revocations_per_h``) on demand, and on spot where it has a spot price and ``spot`` is
-    given; the Pareto front over (time, cost) and the recommendation."""
+    """Every configuration of ``table`` (``TABLE_COLUMNS``; optional ``price_date``,
+    ``revocations_per_h``, and ``p90_error_pct`` with its ``p90_error_basis``) on demand, and
+    on spot where it has a spot price and ``spot`` is given; the Pareto front over (time,
+    cost) and the recommendation."""
     missing = [c for c in TABLE_COLUMNS if c not in table.columns]
     if missing:
         raise ValueError(f"throughput table lacks {missing}")

@@ -54,7 +54,7 @@ class SpotOutcome:
     time_h_p50: float
     time_h_p90: float
     time_h_mean: float
-    expected_time_h: float  # the closed form, to check the simulation against
+    expected_time_h: float  # the closed form at the predicted work, to check the simulation
     interval_h: float  # math.inf: no checkpoints (no revocations)
     young_daly_h: float
     revocations_mean: float
@@ -141,15 +141,28 @@ def simulate_time_h(
     return elapsed, revoked
 
 
+def spread_by_error(times_h: np.ndarray, error_sigma: float, seed: int) -> np.ndarray:
+    """``times_h`` each times a lognormal factor of median 1 and log-sd ``error_sigma``: the
+    predicted work is itself uncertain, independently of the revocations."""
+    if error_sigma <= 0:
+        return times_h
+    rng = np.random.default_rng([seed, 1])  # a stream of its own: revocations draw the same
+    return times_h * np.exp(error_sigma * rng.standard_normal(len(times_h)))
+
+
 def spot_outcome(
     work_h: float, checkpoint_h: float, restart_h: float, rate_per_h: float,
-    samples: int = 4000, seed: int = 0,
+    samples: int = 4000, seed: int = 0, error_sigma: float = 0.0,
 ) -> SpotOutcome:  # fmt: skip
     """The distribution at the best interval: Young/Daly first, then the grid around it by
-    simulated mean (the same seed for every interval, so their comparison is fair)."""
+    simulated mean (the same seed for every interval, so their comparison is fair). With
+    ``error_sigma``, each sample's time is also spread by the prediction's error
+    (``spread_by_error``); the interval is chosen on the predicted work."""
     young = young_daly_interval_h(checkpoint_h, rate_per_h)
     if not math.isfinite(young):
-        return SpotOutcome(work_h, work_h, work_h, work_h, math.inf, math.inf, 0.0)
+        times = spread_by_error(np.full(samples, work_h), error_sigma, seed)
+        return SpotOutcome(float(np.percentile(times, 50)), float(np.percentile(times, 90)),
+                           float(times.mean()), work_h, math.inf, math.inf, 0.0)  # fmt: skip
     best, best_mean = young, math.inf
     for factor in INTERVAL_GRID:
         interval = max(MIN_INTERVAL_H, young * float(factor))
@@ -165,6 +178,7 @@ def spot_outcome(
     times, revoked = simulate_time_h(
         work_h, best, checkpoint_h, restart_h, rate_per_h, samples, seed
     )
+    times = spread_by_error(times, error_sigma, seed)
     return SpotOutcome(
         time_h_p50=float(np.percentile(times, 50)),
         time_h_p90=float(np.percentile(times, 90)),

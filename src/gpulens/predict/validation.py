@@ -257,6 +257,25 @@ def claimed_error(error: float | None, beyond: str | None) -> tuple[float | None
     ]
 
 
+# `advise` spreads each predicted time by its error into a p90 (normal errors whose mean
+# absolute value is the figure). Where no error was validated, it assumes the widest measured
+# of a prediction across GPUs (host_bound's): on the 232 one-GPU H100 <-> H200 cases
+# (predict_validation-...-six_ladders-*.json) that p90 (1.41x) covered 91% of the host-bound
+# ones and 91% of all; the GPU-bound ones' own 6.2% (1.10x) covered 95% of theirs.
+ASSUMED_ERROR = VALIDATED["host_bound"]
+
+
+def spread_error(error: float | None, beyond: str | None, measured_here: bool) -> tuple[float, str]:
+    """The error (%) by which ``advise`` spreads a predicted time into its p90, and its basis:
+    ``validated`` (the prediction's own figure), ``run to run`` (the measured configuration
+    itself: two runs of one configuration differ by this much) or ``assumed``."""
+    if error is not None:
+        return error, "validated"
+    if measured_here and not beyond:
+        return HOST_PACED_REPEAT.mape_pct, "run to run"  # type: ignore[return-value]
+    return ASSUMED_ERROR.mape_pct, "assumed"  # type: ignore[return-value]
+
+
 def error_pct(method: str, *regimes: str) -> float | None:
     """The validated error of ``method``, or the larger one of a regime it is used in
     (``loader_bound``, ``multi_gpu``); None where none of them was validated."""
