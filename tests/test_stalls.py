@@ -127,9 +127,9 @@ def test_injected_storage_latency_is_recovered_within_3_points(jpegs, tmp_path):
         df = _validate(validate, jpegs, tmp_path)
     finally:
         torch.set_num_threads(threads)
-    assert len(df) == 3
+    assert len(df) == 2
     bound = df[df["loader_bound_cold"]]
-    assert len(bound) >= 2, df.to_string()
+    assert len(bound) == 2, df.to_string()  # 20+ ms per file against ~1 ms of compute
     # The issue's target is 3 points, checked by benchmarks/stalls_validation.py on a GPU
     # machine. On this 2-core CI machine (trainer, loader worker and monitor share two cores)
     # run-to-run jitter alone reaches 3-4 points, so the CPU check allows 5: a wrong
@@ -142,11 +142,11 @@ def test_injected_storage_latency_is_recovered_within_3_points(jpegs, tmp_path):
 
 def _validate(validate, jpegs, tmp_path):
     # The 20 ms cell is the hardest (the smallest fetch share, so the prep jitter weighs the
-    # most there). The larger delays stop at 50 ms, as each cold run sleeps 44 batches x 8
-    # files x the delay; 15 ms apart, the cold runs' paces stay well apart for the monotonic
-    # check (a loaded machine moved a 40 ms run's pace by 5 ms).
+    # most there), 50 ms the other end; each cold run sleeps 44 batches x 8 files x the delay
+    # (a 35 ms cell between the two cost 16 s). 30 ms apart, the cold runs' paces stay well
+    # apart for the monotonic check (a loaded machine moved a 40 ms run's pace by 5 ms).
     return validate(
-        "tiny_cnn", str(jpegs), tmp_path / "runs", latencies_s=(0.02, 0.035, 0.05),
+        "tiny_cnn", str(jpegs), tmp_path / "runs", latencies_s=(0.02, 0.05),
         workers=(1,), batch_size=8, steps=40, loader_duration_s=3.0, device="cpu",
     )  # fmt: skip
 
