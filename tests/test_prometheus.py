@@ -131,9 +131,12 @@ def test_a_live_cpu_run_is_scraped_while_it_trains(tmp_path):
     home = tmp_path / "home"
     port = _free_port()
     env = {**os.environ, "GPULENS_HOME": str(home)}
+    # --duration counts from the end of the warm-up, as the measured steps the scrapes wait
+    # for do: both scrapes came within 3.5 s of it on a 2-core machine, so 7 s leaves them
+    # room (12 s left 8 s of a run that nobody scraped)
     proc = subprocess.Popen(
         [sys.executable, "-m", "gpulens.cli", "run", "tiny_cnn", "--device", "cpu",
-         "--duration", "12", "--no-store", "--json", "--prometheus-port", str(port)],
+         "--duration", "7", "--no-store", "--json", "--prometheus-port", str(port)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}/metrics"
