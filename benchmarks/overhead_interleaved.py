@@ -29,7 +29,10 @@ Arms (instrumented = the plain step plus):
 Arms that take ``full`` apart (not run by default; ``--arms`` names them): ``full_host_timer``
 (the timer without CUDA events), ``full_sparse`` (CUDA events on one step in 64),
 ``full_no_gpm`` (the GPU probe without GPM), ``full_host_probe`` (no NVML: the host probe only),
-``full_gpu_probe`` (the GPU probe only), each with the sampler toggled as in ``full``.
+``full_gpu_probe`` (the GPU probe only), each with the sampler toggled as in ``full``;
+``sampler_niced`` and ``full_niced``: ``sampler`` and ``full`` with the sampler process at
+niceness 10. ``--busy-cpus N`` spins N processes beside the loop for the whole run: a busy
+host, where the sampler's CPU time competes with the training thread's.
 
 Figures per arm (throughput ratio instrumented / plain, > 1 is faster): ``ratio`` = plain
 time / instrumented time over all chunks, with a 95% bootstrap interval over the pairs;
@@ -38,6 +41,7 @@ difference in step time.
 
     python benchmarks/overhead_interleaved.py --out r.json [--cases r18_b1,r18_b8]
         [--arms aa,timer,host_timer,sampler,full,tracker,inject] [--seconds 25] [--chunk-s 0.05]
+        [--busy-cpus N]
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ import argparse
 import json
 import os
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -72,6 +77,7 @@ class Arm:
     sampler: str | None = "throughout"
     probes: tuple[str, ...] = ("gpu", "host")
     api: str | None = None  # "tracker" or "inject"
+    sampler_nice: int = 0  # the sampler process's niceness (every thread of it)
 
 
 ARM_SPECS = {
@@ -87,6 +93,8 @@ ARM_SPECS = {
     "full_no_gpm": Arm(timer="cuda", sampler="toggled", probes=("gpu_no_gpm", "host")),
     "full_host_probe": Arm(timer="cuda", sampler="toggled", probes=("host",)),
     "full_gpu_probe": Arm(timer="cuda", sampler="toggled", probes=("gpu",)),
+    "sampler_niced": Arm(sampler="toggled", sampler_nice=10),
+    "full_niced": Arm(timer="cuda", sampler="toggled", sampler_nice=10),
 }
 ARMS = ("aa", "timer", "host_timer", "sampler", "full", "tracker", "inject")  # the default set
 SPARSE_GPU_EVERY = 64
@@ -111,6 +119,18 @@ def probe_specs(kinds: tuple[str, ...] = ("gpu", "host")) -> list:
     if "host" in kinds:
         probes.append(ProbeSpec("host", {"root_pid": os.getpid()}))
     return probes
+
+
+def renice(pid: int, nice: int) -> None:
+    """Every thread of ``pid`` to ``nice`` (on Linux a process's niceness is per thread)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        os.setpriority(os.PRIO_PROCESS, int(task.name), nice)
+
+
+def busy_cpus(count: int) -> list[subprocess.Popen]:
+    """``count`` processes that spin on a CPU each: a busy host, as other jobs make one."""
+    spin = [sys.executable, "-c", "while True: pass"]
+    return [subprocess.Popen(spin) for _ in range(count)]
 
 
 class Toggle:
@@ -208,6 +228,8 @@ def interleave(
     if spec.sampler is not None:
         monitor = Monitor(writer, probe_specs(spec.probes), hz=10.0).start()
     toggle = Toggle(monitor if spec.sampler == "toggled" else None)
+    if spec.sampler_nice and monitor is not None:
+        renice(monitor._proc.pid, spec.sampler_nice)
     injected = InjectedLoader(pool) if spec.api == "inject" else None
     if injected is not None:
         plain_batches = injected.plain
@@ -353,13 +375,25 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=25.0, help="measured time per arm and case")
     ap.add_argument("--chunk-s", type=float, default=0.05)
     ap.add_argument("--warmup-s", type=float, default=1.0)
+    ap.add_argument("--busy-cpus", type=int, default=0,
+                    help="spin this many processes beside the loop (a busy host)")  # fmt: skip
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    os.environ.setdefault("GPULENS_STORE", "0")
     arms = [a for a in args.arms.split(",") if a]
     unknown = [a for a in arms if a not in ARM_SPECS]
     if unknown:
         ap.error(f"unknown arm(s) {unknown}: use {', '.join(ARM_SPECS)}")
+    spinners = busy_cpus(args.busy_cpus)
+    try:
+        return measure(args, arms)
+    finally:
+        for proc in spinners:
+            proc.kill()
+            proc.wait()
+
+
+def measure(args: argparse.Namespace, arms: list[str]) -> int:
+    os.environ.setdefault("GPULENS_STORE", "0")
     arms.sort(key=lambda a: ARM_SPECS[a].api == "inject")  # the injection stays: run it last
     gpu = torch.cuda.get_device_name(0) if DEVICE.type == "cuda" else "cpu"
     doc: dict[str, Any] = {
@@ -368,6 +402,8 @@ def main() -> int:
         "gpu": gpu,
         "torch": torch.__version__,
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "busy_cpus": args.busy_cpus,
+        "cpus": os.cpu_count(),
         "cases": {},
     }
     root = Path(tempfile.mkdtemp(prefix="gpulens-interleaved-"))
