@@ -16,6 +16,7 @@
 # gpus:  the same workloads on 1 GPU and as 2-GPU DDP (same per-GPU batch): the all-reduce model
 #        predicts the second from the first, uncalibrated (no pair of its own in the store).
 #        REPEATS/ROUNDS interleave rounds here too (a 1-GPU and a 2-GPU run per case a round).
+#        GPU_COUNTS="2 4" adds 4-GPU DDP runs after each 2-GPU one (a 4-GPU machine).
 # Then python benchmarks/predict_same_gpu.py predict-ladder-*.tar.xz scores them.
 set -uo pipefail
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 GPULENS_HOME=${GPULENS_HOME:-/tmp/gpulens-ladder}
@@ -65,7 +66,10 @@ for part in $PARTS; do
         for case in ${GPUS_CASES:-resnet18:256 resnet50:128 vgg16:64 vit_b_16:64 gpt2:8}; do
           w=${case%%:*} b=${case##*:}
           one "$w" "$b" 1 0
-          VISIBLE=0,1 one "$w" "$b" 2 0
+          for g in ${GPU_COUNTS:-2}; do  # GPU_COUNTS="2 4" on a 4-GPU machine
+            (( g <= ngpu )) || { echo "gpus: $g GPUs asked, this machine has $ngpu" >&2; continue; }
+            VISIBLE=$(seq -s, 0 $((g - 1))) one "$w" "$b" "$g" 0
+          done
         done
       done ;;
     *) echo "unknown part '$part': use batch or gpus" >&2 ;;

@@ -299,7 +299,8 @@ def noise_floor(
     }
 
 
-def gpus_cases(points: list[dict]) -> list[dict]:
+def gpus_cases(points: list[dict], count: int = 2) -> list[dict]:
+    """Each 1-GPU run predicting the ``count``-GPU runs of its workload, batch and ladder."""
     rows = []
     for one in (p for p in points if p["gpus"] == 1):
         for two in points:
@@ -308,17 +309,18 @@ def gpus_cases(points: list[dict]) -> list[dict]:
                 one["batch"],
                 one["origin"],
             )
-            if two["gpus"] != 2 or not same or two["gpu"] != one["gpu"]:
+            if two["gpus"] != count or not same or two["gpu"] != one["gpu"]:
                 continue
-            pred = predict_run(one["record"], Target(None, gpus=2))
+            pred = predict_run(one["record"], Target(None, gpus=count))
             rows.append({
                 "gpu": one["gpu"], "workload": one["key"][0], "batch_size": one["batch"],
-                "origin": one["origin"], "to_gpus": 2, "from": one["run_id"], "to": two["run_id"],
+                "origin": one["origin"], "to_gpus": count, "from": one["run_id"],
+                "to": two["run_id"],
                 "one_gpu_samples_per_s": one["tput"], "source_samples_per_s": one["tput"],
                 "predicted_samples_per_s": pred.throughput_samples_per_s,
                 "measured_samples_per_s": two["tput"],
                 "ape_pct": ape_pct(pred.throughput_samples_per_s, two["tput"]),
-                "naive_ape_pct": ape_pct(2 * one["tput"], two["tput"]),
+                "naive_ape_pct": ape_pct(count * one["tput"], two["tput"]),
                 "source_ci95_pct": one["ci95_pct"], "target_ci95_pct": two["ci95_pct"],
                 # the host's pace plus DDP's host time bound the prediction, not the GPU
                 "host_paced": "multi_gpu_host_paced" in pred.regimes,
@@ -426,6 +428,8 @@ def main() -> int:
             p["origin"] = Path(p["record"].dir).resolve().relative_to(Path(tmp).resolve()).parts[0]
         batch = batch_cases(points)
         gpus = gpus_cases(points)
+        counts = sorted({p["gpus"] for p in points if p["gpus"] > 2})
+        gpus_more = [r for n in counts for r in gpus_cases(points, n)]  # beyond 2: apart
         worker_runs = worker_record_cases(points)
         probes = probe_rows(points)
         repeats = repeat_rows(points)
@@ -485,6 +489,20 @@ def main() -> int:
             summary["gpus_1_to_2_averaged"] = _averaged_figure(gpus_averaged)
     else:
         gpus_averaged = []
+    for n in sorted({r["to_gpus"] for r in gpus_more}):
+        rs = [r for r in gpus_more if r["to_gpus"] == n]
+        print(f"\n1 GPU -> {n} GPUs (DDP, same host, all-reduce uncalibrated)")
+        for r in rs:
+            print(f"  {r['workload']:<9} b{r['batch_size']:<4} 1 GPU "
+                  f"{r['one_gpu_samples_per_s']:8.0f}  {n} GPUs predicted "
+                  f"{r['predicted_samples_per_s']:8.0f} measured {r['measured_samples_per_s']:8.0f}"
+                  f"  err {r['ape_pct']:4.1f}%  (x{n}: {r['naive_ape_pct']:4.1f}%)")  # fmt: skip
+        summary[f"gpus_1_to_{n}"] = _figure(rs)
+        for name, paced in (("host_paced", True), ("gpu_paced", False)):
+            if [r for r in rs if r["host_paced"] == paced]:
+                summary[f"gpus_1_to_{n}_{name}"] = _figure(
+                    [r for r in rs if r["host_paced"] == paced]
+                )
     if worker_runs:
         print("\nloader workers (predict --workers, same GPU)")
         for r in worker_runs:
@@ -584,6 +602,7 @@ def main() -> int:
             "summary": summary,
             "batch_cases": batch,
             "gpus_cases": gpus,
+            "gpus_more_cases": gpus_more,
             "worker_run_cases": worker_runs,
             "workers_cases": workers,
             "host_issue_probes": probes,
