@@ -333,7 +333,7 @@ def test_advise_json_contract(capsys, small_catalog):
         beyond = opt["beyond_validation"]
         assert (beyond is None) == (opt["validated_error_pct"] is not None)
         assert ("A10G" in (beyond or "")) == (opt["gpu"] == "A10G")
-        assert ("8 GPUs (validated on 1 and 2)" in (beyond or "")) == (opt["gpus"] == 8)
+        assert ("8 GPUs (validated on 1, 2 and 4)" in (beyond or "")) == (opt["gpus"] == 8)
 
 
 def test_the_table_marks_options_beyond_validation(capsys, small_catalog):

@@ -195,3 +195,23 @@ def test_the_workers_decline_is_scored_on_ladders_it_was_not_fitted_on(tmp_path,
     (narrow,) = [r for r in got["ladders"] if r["cpus"] == [2]]
     assert narrow["training_cpus_fitted_on_the_others"] == pytest.approx(0.2)
     assert narrow["decline_mape_pct"] < narrow["bound_mape_pct"] - 10
+
+
+def test_the_four_gpu_figure_is_predict_gpus_4_on_the_committed_runs(tmp_path, monkeypatch):
+    """`VALIDATED["multi_gpu_four"]` is what `predict --gpus 4` gives on the 1-GPU runs of the
+    4-GPU H200 ladder against its 4-GPU runs, and it beats multiplying by four."""
+    from gpulens.predict.validation import VALIDATED
+
+    same_gpu = _module()
+    monkeypatch.setenv("GPULENS_HOME", str(tmp_path / "home"))
+    (ladder,) = RESULTS.glob("predict-ladder-ebb5908-NVIDIA_H200-x4-*.tar.xz")
+    points = [p for p in map(same_gpu._point, same_gpu.load_records([ladder], tmp_path)) if p]
+    for p in points:
+        p["origin"] = ladder.name
+    rows = same_gpu.gpus_cases(points, 4)
+    assert {r["workload"] for r in rows} == {"resnet50", "vgg16", "vit_b_16", "gpt2"}
+    assert {r["to_gpus"] for r in rows} == {4} and len(rows) == VALIDATED["multi_gpu_four"].cases
+    assert same_gpu._mape(rows) == pytest.approx(VALIDATED["multi_gpu_four"].mape_pct, abs=0.05)
+    assert same_gpu._mape(rows) * 3 < same_gpu._mape(rows, "naive_ape_pct")
+    # the 2-GPU runs of the same ladder stay apart, in the 1 -> 2 cases
+    assert {r["to_gpus"] for r in same_gpu.gpus_cases(points)} == {2}

@@ -37,9 +37,9 @@ ADVISE_HELP = (
     "prediction's own error: the one validated for it; for the run's own configuration, how "
     f"much two runs of one configuration differ ({HOST_PACED_REPEAT.mape_pct}%); else an "
     f"assumed {ASSUMED_ERROR.mape_pct}%, the widest measured across GPUs. Deadlines and "
-    "budgets are met at p90. Options on a GPU other than H100 or H200, or on more than 2 GPUs "
-    "or several nodes, are marked '?': `predict` was never checked there (their p90 takes the "
-    "assumed error), and the pick warns if it is one.\n\n"
+    "budgets are met at p90. Options on a GPU other than H100 or H200, on a GPU count other "
+    "than 1, 2 or 4, or on several nodes, are marked '?': `predict` was never checked there "
+    "(their p90 takes the assumed error), and the pick warns if it is one.\n\n"
     "WORKLOAD|RUN: a built-in workload (its newest finished run in the store) or a run id, "
     "prefix, name, 'latest' or directory.\n\n"
     "\b\nExamples:\n"
@@ -299,8 +299,8 @@ def _render(options, chosen, reason: str, run_id: str, samples: float, day: str)
     if any(opt.get("beyond_validation") for opt in options):
         assumed = max((o["p90_error_pct"] or 0) for o in options if o.get("beyond_validation"))
         out.print(Text("? a GPU or GPU count beyond what predict was validated on (H100 and "
-                       "H200, 1-2 GPUs of one machine): its error is unknown, its p90 assumes "
-                       f"{assumed:.1f}%"), highlight=False)  # fmt: skip
+                       "H200, 1, 2 or 4 GPUs of one machine): its error is unknown, its p90 "
+                       f"assumes {assumed:.1f}%"), highlight=False)  # fmt: skip
     out.print(Text("(p90) spreads each time by its prediction's error"
                    + (", and on spot by revocations and restarts" if any(
                        o["pricing"] == "spot" for o in options) else "")),

@@ -21,7 +21,7 @@ PREDICT_HELP = (
     "1- and 2-GPU runs of the same workload in the store); the data pipeline keeps its measured "
     "pace per worker, scaled by how it falls as its loader runs more workers, and shared with "
     "the other ranks' workers where the host's CPUs run short. The output names the method "
-    "and its error where it was validated (H100 and H200, 1-2 GPUs of one machine; beyond "
+    "and its error where it was validated (H100 and H200, 1, 2 or 4 GPUs of one machine; beyond "
     "them it says the error is unknown); where the host or the loader sets the pace, it "
     "also says how much two runs of one configuration differ (compare against the "
     "median of several runs).\n\n"

@@ -376,6 +376,7 @@ def predict_run(record, target: Target, catalog: Path | None = None) -> Predicti
     regimes = ["loader_bound"] * loader_bound
     if target.total_gpus != facts.gpus:
         regimes.append("multi_gpu" if src_spec.gpu != tgt_spec.gpu else "multi_gpu_same_gpu")
+        regimes += ["multi_gpu_four"] * (max(target.total_gpus, facts.gpus) > 2)
     regimes += ["workers"] * (workers != facts.workers)
     fit_error = None
     same_machine = src_spec.gpu == tgt_spec.gpu
