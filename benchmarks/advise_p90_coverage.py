@@ -9,8 +9,9 @@ scored cases already committed (no GPU needed):
 - cross-GPU: ``predict_validation-...-six_ladders-*.json`` (one-GPU H100 <-> H200, kernel
   method), the GPU-bound ones at their validated error and all of them at the error assumed
   where none was validated (``validation.ASSUMED_ERROR``);
-- same GPU: ``predict_same_gpu-twenty_two_ladders-*.json`` (batch sizes by regime, 1 -> 2 GPUs)
-  and ``predict_same_gpu-workers-seventeen_ladders-*.json`` (loader workers), each at the figure
+- same GPU: ``predict_same_gpu-twenty_two_ladders-*.json`` (batch sizes by regime, 1 -> 2 GPUs),
+  ``predict_same_gpu-ebb5908-NVIDIA_H200-x4-*.json`` (1 -> 4 GPUs) and
+  ``predict_same_gpu-workers-seventeen_ladders-*.json`` (loader workers), each at the figure
   ``predict`` quotes for its regime.
 
     python benchmarks/advise_p90_coverage.py --out benchmarks/results/advise_p90_coverage-<day>.json
@@ -33,6 +34,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 CROSS = "predict_validation-H100_H200-records_and_ladders-six_ladders-2026-11-26.json"
 SAME = "predict_same_gpu-twenty_two_ladders-H100_H200-2026-11-27.json"
 WORKERS = "predict_same_gpu-workers-seventeen_ladders-H100_H200-2026-11-27.json"
+FOUR = "predict_same_gpu-ebb5908-NVIDIA_H200-x4-2026-11-28.json"
 
 
 def _ratio(case: dict) -> float:
@@ -59,6 +61,11 @@ def groups() -> dict[str, tuple[float, list[float], str]]:
         cases = [c for c in same["gpus_cases"] if c["host_paced"] == host_paced]
         out[f"1 -> 2 GPUs, {regime}"] = (
             VALIDATED[regime].mape_pct, [_ratio(c) for c in cases], SAME)  # fmt: skip
+    four = json.loads((RESULTS / FOUR).read_text())["gpus_more_cases"]
+    for host_paced, regime in ((False, "multi_gpu_same_gpu"), (True, "multi_gpu_host_paced")):
+        cases = [c for c in four if c["host_paced"] == host_paced and c["to_gpus"] == 4]
+        pct = max(VALIDATED[regime].mape_pct, VALIDATED["multi_gpu_four"].mape_pct)
+        out[f"1 -> 4 GPUs, {regime}"] = (pct, [_ratio(c) for c in cases], FOUR)
     workers = json.loads((RESULTS / WORKERS).read_text())["worker_run_cases"]
     out["loader workers"] = (VALIDATED["workers"].mape_pct, [_ratio(c) for c in workers], WORKERS)
     return out
