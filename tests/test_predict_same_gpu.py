@@ -26,13 +26,22 @@ def _module(name: str = "predict_same_gpu"):
     return module
 
 
-def test_the_workers_figure_is_predict_workers_on_the_committed_runs(tmp_path, monkeypatch):
+def _ladder_points(pattern: str, tmp_path, monkeypatch):
+    """predict_same_gpu as a module, and the points of the one committed ladder ``pattern``
+    names (an empty store: nothing calibrates the prediction)."""
     same_gpu = _module()
     monkeypatch.setenv("GPULENS_HOME", str(tmp_path / "home"))
-    (ladder,) = RESULTS.glob("workers-ladder-45b57da-NVIDIA_H100_80GB_HBM3-*.tar.xz")
+    (ladder,) = RESULTS.glob(pattern)
     points = [p for p in map(same_gpu._point, same_gpu.load_records([ladder], tmp_path)) if p]
     for p in points:
         p["origin"] = ladder.name
+    return same_gpu, points
+
+
+def test_the_workers_figure_is_predict_workers_on_the_committed_runs(tmp_path, monkeypatch):
+    same_gpu, points = _ladder_points(
+        "workers-ladder-45b57da-NVIDIA_H100_80GB_HBM3-*.tar.xz", tmp_path, monkeypatch
+    )
     rows = same_gpu.worker_record_cases(points)
     # three jobs, 4 + 4 + 2 worker counts: every run predicts the other runs of its job
     assert len(rows) == 12 + 12 + 2
@@ -202,12 +211,9 @@ def test_the_four_gpu_figure_is_predict_gpus_4_on_the_committed_runs(tmp_path, m
     4-GPU H200 ladder against its 4-GPU runs, and it beats multiplying by four."""
     from gpulens.predict.validation import VALIDATED
 
-    same_gpu = _module()
-    monkeypatch.setenv("GPULENS_HOME", str(tmp_path / "home"))
-    (ladder,) = RESULTS.glob("predict-ladder-ebb5908-NVIDIA_H200-x4-*.tar.xz")
-    points = [p for p in map(same_gpu._point, same_gpu.load_records([ladder], tmp_path)) if p]
-    for p in points:
-        p["origin"] = ladder.name
+    same_gpu, points = _ladder_points(
+        "predict-ladder-ebb5908-NVIDIA_H200-x4-*.tar.xz", tmp_path, monkeypatch
+    )
     rows = same_gpu.gpus_cases(points, 4)
     assert {r["workload"] for r in rows} == {"resnet50", "vgg16", "vit_b_16", "gpt2"}
     assert {r["to_gpus"] for r in rows} == {4} and len(rows) == VALIDATED["multi_gpu_four"].cases
