@@ -331,6 +331,23 @@ def test_missing_peak_for_the_precision_is_a_usage_error():
         predict_run(read_record(SYNTHETIC), Target("T4"))  # no BF16 on a T4
 
 
+def test_fp32_convnets_on_gpus_without_tf32_run_at_the_fp32_peak():
+    """An fp32 convnet uses TF32 where the GPU has it (A100 and later) and the fp32 peak where
+    it has none (T4, V100): a prediction there, and its MFU, use that peak, not refuse."""
+    from gpulens.probes.gpu_specs import peak_flops
+
+    column = roofline.peak_column("fp32", "resnet50")
+    assert column == "tf32_tflops"
+    assert roofline.hardware(find_gpu("T4"), column).peak_flops_per_s == pytest.approx(8.1e12)
+    assert roofline.hardware(find_gpu("V100"), column).peak_flops_per_s == pytest.approx(15.7e12)
+    assert roofline.hardware(find_gpu("A100 40GB"), column).peak_flops_per_s == pytest.approx(
+        156e12
+    )
+    assert peak_flops("Tesla T4", "tf32") == pytest.approx(8.1e12)
+    assert peak_flops("NVIDIA A100-SXM4-40GB", "tf32") == pytest.approx(156e12)
+    assert peak_flops("Tesla T4", "bf16") is None  # no fallback for a missing bf16 peak
+
+
 # --------------------------------------------------------------------------- CLI
 def test_predict_json_contract(capsys):
     args = ["predict", str(SYNTHETIC), "--gpu", "H200", "--gpus", "2", "--json"]

@@ -56,7 +56,11 @@ def peak_column(precision: str, workload: str | None) -> str:
 
 
 def peak_flops_per_s(spec: GpuSpec, column: str) -> float:
+    """The peak of ``column``; a GPU without TF32 (no tf32 peak: V100, T4) runs the fp32
+    math that would use it at its fp32 peak."""
     value = getattr(spec, column, None)
+    if not value and column == "tf32_tflops":
+        value = spec.fp32_tflops
     if not value:
         raise UsageError(
             f"the catalog has no {column.removesuffix('_tflops')} peak for {spec.gpu}: "

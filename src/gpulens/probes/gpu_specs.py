@@ -28,11 +28,14 @@ PEAK_TFLOPS: dict[str, dict[str, float]] = {
 
 
 def peak_flops(gpu_name: str, precision: str) -> float | None:
-    """Peak FLOP/s of ``gpu_name`` at ``precision`` (fp32, tf32, bf16, fp16); None if unknown."""
+    """Peak FLOP/s of ``gpu_name`` at ``precision`` (fp32, tf32, bf16, fp16); None if unknown.
+    On a GPU without TF32 (before Ampere: V100, T4) tf32 gives the fp32 peak: torch's TF32
+    switches leave fp32 math at the fp32 rate there."""
     lowered = gpu_name.lower()
     # Longest fragment first, so "h100 pcie" wins over "h100".
     for fragment in sorted(PEAK_TFLOPS, key=len, reverse=True):
         if fragment in lowered:
-            tflops = PEAK_TFLOPS[fragment].get(precision)
+            peaks = PEAK_TFLOPS[fragment]
+            tflops = peaks.get(precision) or (peaks.get("fp32") if precision == "tf32" else None)
             return tflops * 1e12 if tflops else None
     return None
