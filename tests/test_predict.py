@@ -261,6 +261,20 @@ def test_the_error_is_claimed_only_within_the_validated_gpus_and_counts():
     assert l4.as_dict()["beyond_validation"] == l4.beyond_validation
 
 
+def test_the_runs_own_configuration_is_never_beyond_validation(monkeypatch):
+    """Predicting a run on its own GPU, count, batch and workers predicts nothing: it is the
+    measurement, whatever GPU it was taken on."""
+    from gpulens.predict import validation
+
+    monkeypatch.setattr(validation, "VALIDATED_GPUS", ("H200",))  # as if H100 were not
+    record = read_record(SYNTHETIC)
+    itself = predict_run(record, Target(None))
+    assert itself.measured_here and itself.beyond_validation is None
+    other = predict_run(record, Target("H200"))
+    assert not other.measured_here and other.beyond_validation.startswith("H100-SXM")
+    assert not predict_run(record, Target(None, gpus=2)).measured_here
+
+
 def test_a_one_gpu_prediction_never_builds_the_model(monkeypatch):
     # Counting the parameters builds the model, which imports torch (seconds): only an
     # all-reduce needs them.

@@ -35,7 +35,8 @@ ADVISE_HELP = (
     "checkpoints at the best interval (Young/Daly, checked by simulation) and restarts, as p50 "
     "and p90 of a Monte Carlo (fixed seed). Every p90 also spreads the predicted time by the "
     "prediction's own error: the one validated for it; for the run's own configuration, how "
-    f"much two runs of one configuration differ ({HOST_PACED_REPEAT.mape_pct}%); else an "
+    f"much two runs of one configuration differ ({HOST_PACED_REPEAT.mape_pct}% where the host "
+    "sets the pace; where the GPU does, no more than a prediction to another GPU); else an "
     f"assumed {ASSUMED_ERROR.mape_pct}%, the widest measured across GPUs. Deadlines and "
     "budgets are met at p90. Options on a GPU other than H100 or H200, on a GPU count other "
     "than 1, 2 or 4, or on several nodes, are marked '?': `predict` was never checked there "
@@ -131,11 +132,8 @@ def throughput_table(record, instances, max_nodes: int, gpu_catalog: Path | None
                 reason = str(found).replace("--catalog FILE", "--gpu-catalog FILE")
                 skipped.append({"instance": inst.instance, "nodes": nodes, "reason": reason})
                 continue
-            # the run's own configuration: its GPU, count, batch and workers
-            measured_here = found.method == "same_gpu" and set(found.regimes) <= {"loader_bound"}
-            spread, basis = validation.spread_error(
-                found.validated_error_pct, found.beyond_validation, measured_here
-            )
+            rerun = _rerun_pct(record, found, gpu_catalog) if found.measured_here else None
+            spread, basis = validation.spread_error(found.validated_error_pct, rerun)
             rows.append({**inst.__dict__, "nodes": nodes,
                          "throughput_samples_per_s": found.throughput_samples_per_s,
                          "loader_bound": found.loader_bound,
@@ -145,6 +143,22 @@ def throughput_table(record, instances, max_nodes: int, gpu_catalog: Path | None
     if not rows:
         raise UsageError(skipped[0]["reason"] if skipped else "the instance catalog is empty")
     return pd.DataFrame(rows), skipped
+
+
+def _rerun_pct(record, found, gpu_catalog: Path | None) -> float:
+    """The error of a rerun of the run's own configuration (``validation.rerun_error``),
+    from what predicting the run on the other validated GPU claims."""
+    from gpulens.predict import validation
+    from gpulens.predict.predictor import Target, predict_run
+
+    others = [g for g in validation.VALIDATED_GPUS if g != found.source_gpu]
+    if found.source_gpu not in validation.VALIDATED_GPUS or not others:
+        return validation.rerun_error(None, host_bound=True)
+    try:
+        cross = predict_run(record, Target(others[0], found.target.gpus), gpu_catalog)
+    except UsageError:
+        return validation.rerun_error(None, host_bound=True)
+    return validation.rerun_error(cross.validated_error_pct, "host_bound" in cross.regimes)
 
 
 def checkpoint_seconds(record, given: float | None) -> tuple[float, str]:

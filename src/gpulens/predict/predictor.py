@@ -85,6 +85,12 @@ class Prediction:
     regimes: tuple[str, ...] = field(default=())
     beyond_validation: str | None = None  # what lies outside the validated GPUs and counts
 
+    @property
+    def measured_here(self) -> bool:
+        """The run's own configuration (GPU, count, batch, workers): a measurement, not a
+        prediction."""
+        return self.method == "same_gpu" and set(self.regimes) <= {"loader_bound"}
+
     def as_dict(self) -> dict[str, Any]:
         """The ``predict --json`` document."""
         doc = asdict(self)
@@ -432,6 +438,8 @@ def predict_run(record, target: Target, catalog: Path | None = None) -> Predicti
     # a regression's held-out error was measured on the GPUs it was fitted on
     gpus = (src_spec.gpu, tgt_spec.gpu) if fit_error is None else ()
     beyond = validation.beyond_validation(gpus, facts.gpus, target.gpus, target.nodes)
+    if method == "same_gpu" and set(regimes) <= {"loader_bound"}:
+        beyond = None  # the run's own configuration: nothing is predicted
     error, unknown = validation.claimed_error(error, beyond)
     notes += unknown
     h2d = facts.h2d_s * batch / facts.batch_size

@@ -278,15 +278,26 @@ def claimed_error(error: float | None, beyond: str | None) -> tuple[float | None
 ASSUMED_ERROR = VALIDATED["host_bound"]
 
 
-def spread_error(error: float | None, beyond: str | None, measured_here: bool) -> tuple[float, str]:
+def spread_error(error: float | None, rerun_pct: float | None = None) -> tuple[float, str]:
     """The error (%) by which ``advise`` spreads a predicted time into its p90, and its basis:
-    ``validated`` (the prediction's own figure), ``run to run`` (the measured configuration
-    itself: two runs of one configuration differ by this much) or ``assumed``."""
+    ``validated`` (the prediction's own figure), ``run to run`` (``rerun_pct``, for the run's
+    own configuration: see ``rerun_error``) or ``assumed``."""
     if error is not None:
         return error, "validated"
-    if measured_here and not beyond:
-        return HOST_PACED_REPEAT.mape_pct, "run to run"  # type: ignore[return-value]
+    if rerun_pct is not None:
+        return rerun_pct, "run to run"
     return ASSUMED_ERROR.mape_pct, "assumed"  # type: ignore[return-value]
+
+
+def rerun_error(other_gpu_error: float | None, host_bound: bool) -> float:
+    """How far a rerun of a run's own configuration (another machine of its kind) may land:
+    two runs of one host-paced configuration differ by 11.7%; where the run's GPU sets the
+    pace, no more than its prediction to another validated GPU claims (that figure holds two
+    runs' spread too), ``other_gpu_error``."""
+    repeat = HOST_PACED_REPEAT.mape_pct
+    if host_bound or other_gpu_error is None:
+        return repeat  # type: ignore[return-value]
+    return min(repeat, other_gpu_error)  # type: ignore[type-var]
 
 
 def error_pct(method: str, *regimes: str) -> float | None:
