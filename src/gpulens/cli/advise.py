@@ -14,6 +14,7 @@ from rich.text import Text
 
 from gpulens.cli import common
 from gpulens.errors import UsageError
+from gpulens.predict import validation
 from gpulens.predict.validation import ASSUMED_ERROR, HOST_PACED_REPEAT
 from gpulens.report.terminal import COMPACT
 
@@ -111,7 +112,6 @@ def throughput_table(record, instances, max_nodes: int, gpu_catalog: Path | None
     predictor cannot do are returned apart with its reason."""
     import pandas as pd
 
-    from gpulens.predict import validation
     from gpulens.predict.predictor import Target, predict_run
 
     cache: dict[Target, Any] = {}
@@ -148,7 +148,6 @@ def throughput_table(record, instances, max_nodes: int, gpu_catalog: Path | None
 def _rerun_pct(record, found, gpu_catalog: Path | None) -> float:
     """The error of a rerun of the run's own configuration (``validation.rerun_error``),
     from what predicting the run on the other validated GPU claims."""
-    from gpulens.predict import validation
     from gpulens.predict.predictor import Target, predict_run
 
     others = [g for g in validation.VALIDATED_GPUS if g != found.source_gpu]

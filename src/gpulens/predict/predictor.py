@@ -89,13 +89,18 @@ class Prediction:
     def measured_here(self) -> bool:
         """The run's own configuration (GPU, count, batch, workers): a measurement, not a
         prediction."""
-        return self.method == "same_gpu" and set(self.regimes) <= {"loader_bound"}
+        return _is_measured_here(self.method, self.regimes)
 
     def as_dict(self) -> dict[str, Any]:
         """The ``predict --json`` document."""
         doc = asdict(self)
         doc["notes"] = list(self.notes)
         return doc
+
+
+def _is_measured_here(method: str, regimes) -> bool:
+    """Nothing changed from the run (its GPU, count, batch and workers): no model applies."""
+    return method == "same_gpu" and set(regimes) <= {"loader_bound"}
 
 
 # Below this share of kernel time in the step, the host's speed matters as much as the GPU's.
@@ -438,7 +443,7 @@ def predict_run(record, target: Target, catalog: Path | None = None) -> Predicti
     # a regression's held-out error was measured on the GPUs it was fitted on
     gpus = (src_spec.gpu, tgt_spec.gpu) if fit_error is None else ()
     beyond = validation.beyond_validation(gpus, facts.gpus, target.gpus, target.nodes)
-    if method == "same_gpu" and set(regimes) <= {"loader_bound"}:
+    if _is_measured_here(method, regimes):
         beyond = None  # the run's own configuration: nothing is predicted
     error, unknown = validation.claimed_error(error, beyond)
     notes += unknown
