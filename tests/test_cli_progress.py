@@ -49,7 +49,7 @@ def test_counts_print_at_most_one_line_per_interval_and_never_none():
             clock.now += 0.5
             progress.count(step, None, "training tiny_cnn")
     lines = buf.getvalue().splitlines()
-    assert lines[0] == "run: training tiny_cnn: 1 steps"
+    assert lines[0] == "run: training tiny_cnn: 1 step"  # not "1 steps"
     assert lines[-1] == "run: done, 100 steps in 49.5 s"
     assert 4 <= len(lines) <= 7  # one line per 10 s of a 50 s loop, plus first and last
     assert "None" not in buf.getvalue()

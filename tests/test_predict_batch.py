@@ -389,6 +389,18 @@ def test_fewer_workers_of_a_run_whose_loader_kept_up_say_it_is_unknown():
     assert p.validated_error_pct is None
 
 
+def test_the_cli_says_why_an_error_is_unknown_not_that_none_was_validated(capsys):
+    """`predict --workers` was validated (8.9%); where the loader's pace was not measured the
+    error is unknown for that reason, which the line says instead of "not validated"."""
+    assert main(["predict", str(JPEG), "--workers", "4"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "error unknown (the notes below say why)" in out
+    assert "not validated" not in out
+    assert main(["predict", str(JPEG), "--gpu", "H100"]) == 0  # the run's own GPU: nothing new
+    out = " ".join(capsys.readouterr().out.split())
+    assert "error none: the run's own configuration, measured" in out
+
+
 def test_the_validated_figures_are_the_committed_measurements():
     """What `predict` prints as its error is what benchmarks/predict_same_gpu.py measured on
     the committed ladders, not a number typed in."""
@@ -730,3 +742,14 @@ def test_a_host_paced_run_grows_by_its_kernels_and_gaps_once_they_outlast_the_st
     assert p.components_s["compute"] == pytest.approx(gpu_s, rel=0.05)
     assert p.components_s["compute"] > big.scaled_s_per_step
     assert any("the GPU sets the pace" in n for n in p.notes)
+
+
+def test_a_trace_without_start_times_still_predicts_another_batch(capsys):
+    """The README's fixture run carries a trace slimmed to durations (no "ts"): --batch-size
+    reads no gaps from it instead of failing with an internal error."""
+    fixture = Path(__file__).parent / "fixtures" / "predict_resnet18_b128" / "h100"
+    run = next(fixture.iterdir())
+    assert main(["predict", str(run), "--batch-size", "256", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["regimes"] == ["batch_up"]
+    assert out["throughput_samples_per_s"] > 0

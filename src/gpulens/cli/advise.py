@@ -15,7 +15,7 @@ from rich.text import Text
 from gpulens.cli import common
 from gpulens.errors import UsageError
 from gpulens.predict import validation
-from gpulens.predict.validation import ASSUMED_ERROR, HOST_PACED_REPEAT
+from gpulens.predict.validation import ASSUMED_ERROR, RERUN_GPU_PACED, RERUN_HOST_PACED
 from gpulens.report.terminal import COMPACT
 
 log = logging.getLogger("gpulens.cli.advise")
@@ -36,8 +36,8 @@ ADVISE_HELP = (
     "checkpoints at the best interval (Young/Daly, checked by simulation) and restarts, as p50 "
     "and p90 of a Monte Carlo (fixed seed). Every p90 also spreads the predicted time by the "
     "prediction's own error: the one validated for it; for the run's own configuration, how "
-    f"much two runs of one configuration differ ({HOST_PACED_REPEAT.mape_pct}% where the host "
-    "sets the pace; where the GPU does, no more than a prediction to another GPU); else an "
+    f"far a rerun on another machine with that GPU lands ({RERUN_HOST_PACED.mape_pct}% where the "
+    f"host set the run's pace, {RERUN_GPU_PACED.mape_pct}% where the GPU did); else an "
     f"assumed {ASSUMED_ERROR.mape_pct}%, the widest measured across GPUs. Deadlines and "
     "budgets are met at p90. Options on a GPU other than H100 or H200, on a GPU count other "
     "than 1, 2 or 4, or on several nodes, are marked '?': `predict` was never checked there "
@@ -114,7 +114,7 @@ def throughput_table(record, instances, max_nodes: int, gpu_catalog: Path | None
 
     from gpulens.predict.predictor import Target, predict_run
 
-    cache: dict[Target, Any] = {}
+    cache: dict[Target | str, Any] = {}
     rows, skipped = [], []
     for inst in instances:
         counts = [1] + [n for n in (2, 4, 8, 16, 32, 64) if n <= max_nodes]
@@ -132,7 +132,9 @@ def throughput_table(record, instances, max_nodes: int, gpu_catalog: Path | None
                 reason = str(found).replace("--catalog FILE", "--gpu-catalog FILE")
                 skipped.append({"instance": inst.instance, "nodes": nodes, "reason": reason})
                 continue
-            rerun = _rerun_pct(record, found, gpu_catalog) if found.measured_here else None
+            if found.measured_here and "rerun" not in cache:
+                cache["rerun"] = _rerun_pct(record)  # one reading of the profiler window
+            rerun = cache["rerun"] if found.measured_here else None
             spread, basis = validation.spread_error(found.validated_error_pct, rerun)
             rows.append({**inst.__dict__, "nodes": nodes,
                          "throughput_samples_per_s": found.throughput_samples_per_s,
@@ -145,19 +147,11 @@ def throughput_table(record, instances, max_nodes: int, gpu_catalog: Path | None
     return pd.DataFrame(rows), skipped
 
 
-def _rerun_pct(record, found, gpu_catalog: Path | None) -> float:
-    """The error of a rerun of the run's own configuration (``validation.rerun_error``),
-    from what predicting the run on the other validated GPU claims."""
-    from gpulens.predict.predictor import Target, predict_run
+def _rerun_pct(record) -> float:
+    """The error of a rerun of the run's own configuration (``validation.rerun_error``)."""
+    from gpulens.predict.batch import run_gpu_paced
 
-    others = [g for g in validation.VALIDATED_GPUS if g != found.source_gpu]
-    if found.source_gpu not in validation.VALIDATED_GPUS or not others:
-        return validation.rerun_error(None, host_bound=True)
-    try:
-        cross = predict_run(record, Target(others[0], found.target.gpus), gpu_catalog)
-    except UsageError:
-        return validation.rerun_error(None, host_bound=True)
-    return validation.rerun_error(cross.validated_error_pct, "host_bound" in cross.regimes)
+    return validation.rerun_error(run_gpu_paced(record))
 
 
 def checkpoint_seconds(record, given: float | None) -> tuple[float, str]:

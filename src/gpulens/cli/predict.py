@@ -118,11 +118,14 @@ def predict(
     out.print(table)
     err = prediction.validated_error_pct
     where = f"; regime: {', '.join(prediction.regimes)}" if prediction.regimes else ""
-    validated = (
-        f"±{err:.1f}% (mean abs. error where validated{where})"
-        if err is not None
-        else ("not validated on measured runs yet")
-    )
+    if err is not None:
+        validated = f"±{err:.1f}% (mean abs. error where validated{where})"
+    elif prediction.measured_here:
+        validated = "none: the run's own configuration, measured (nothing is predicted)"
+    elif prediction.notes:  # beyond validation, or a loader whose own pace was not measured
+        validated = "unknown (the notes below say why)"
+    else:
+        validated = "not validated on measured runs yet"
     out.print(Text(f"method: {prediction.method}, error {validated}"), highlight=False)
     for note in prediction.notes:
         out.print(Text(f"  {note}"), highlight=False)

@@ -24,10 +24,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpulens.errors import UsageError
+from gpulens.predict.features import run_facts
 from gpulens.predict.roofline import Hardware
 from gpulens.predict.trace import CONV_ARGS, load_trace, op_flops_bytes
 
 log = logging.getLogger(__name__)
+
+# A run whose kernels and the gaps between them (launch_gaps_s) fill at least this share of its
+# step had its pace set by the GPU; on the ladders, such runs fill 0.94-1.02 of it and
+# host-paced ones 0.2-0.9 (2026-11-26).
+GPU_BOUND_FILL = 0.95
+# Without a profiler window, NVML's utilization (the share of time some kernel ran) at least
+# this says the GPU set the pace: on the 282 profiled runs of the committed ladders and records,
+# none of the 196 host-paced runs reached it and 79 of the 86 GPU-paced ones did.
+GPU_BOUND_UTIL_PCT = 95.0
 
 # The part of a kernel's time that no batch size changes (launch and tail); chosen on the
 # 20 committed cases (predict-records-7919c1d-*), where 2-4 us did best, before the ladder
@@ -129,12 +139,40 @@ def scale_batch(
     )  # fmt: skip
 
 
+def gpu_fill(trace: Path, trace_steps: int, step_s: float) -> float:
+    """The share of a step that the profiler window's kernels and the gaps queued between them
+    filled: at least GPU_BOUND_FILL, the GPU set the step's pace."""
+    _, device = load_trace(trace)
+    busy_s = sum(float(e["dur"]) for e in device) * 1e-6 + launch_gaps_s(device)
+    return busy_s / trace_steps / step_s
+
+
+def gpu_set_the_pace(fill: float | None, util_pct: float | None) -> bool:
+    """Whether a run's GPU set its pace: by its profiler window's ``fill`` where it has one,
+    else by NVML's utilization (a run with neither counts as host-paced)."""
+    if fill is not None:
+        return fill >= GPU_BOUND_FILL
+    return util_pct is not None and util_pct >= GPU_BOUND_UTIL_PCT
+
+
+def run_gpu_paced(record) -> bool:
+    """Whether the GPU set the pace of ``record`` (a RunRecord): ``gpu_set_the_pace``."""
+    facts = run_facts(record)
+    fill = None
+    if facts.trace is not None and facts.trace_steps > 0:
+        fill = gpu_fill(facts.trace, facts.trace_steps, facts.step_s)
+    gpu = (record.meta.get("summary") or {}).get("gpu") or {}
+    return gpu_set_the_pace(fill, gpu.get("gpu_util_pct"))
+
+
 def launch_gaps_s(device: list[dict]) -> float:
     """The GPU's idle time between kernels it had queued, over the window: one median short
     gap (under QUEUED_GAP_MAX_S) per kernel, so that the host's slowness under the profiler,
-    which widens the other gaps, does not count."""
+    which widens the other gaps, does not count. Events without a start time add none."""
     by_stream: dict[object, list[tuple[float, float]]] = {}
     for e in device:
+        if "ts" not in e:  # a trace slimmed to durations (older gpulens): no gaps to read
+            continue
         stream = (e.get("args") or {}).get("stream")
         by_stream.setdefault(stream, []).append((float(e["ts"]), float(e["dur"])))
     short = []

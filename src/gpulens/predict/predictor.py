@@ -105,11 +105,9 @@ def _is_measured_here(method: str, regimes) -> bool:
 
 # Below this share of kernel time in the step, the host's speed matters as much as the GPU's.
 HOST_BOUND_BUSY = 0.8
-# A run whose kernels and the gaps between them (batch.launch_gaps_s) fill at least this share
-# of its step had its pace set by the GPU; on the ladders, such runs fill 0.94-1.02 of it and
-# host-paced ones 0.2-0.9 (2026-11-26). `--batch-size` keeps a GPU-paced run's step beyond its
-# kernels and takes a host-paced run's step as the floor.
-GPU_BOUND_FILL = 0.95
+# `--batch-size` keeps a GPU-paced run's step beyond its kernels (batch.GPU_BOUND_FILL) and
+# takes a host-paced run's step as the floor.
+GPU_BOUND_FILL = batch_model.GPU_BOUND_FILL
 # The host time DDP adds to issuing one step: its reducer's hook and bucket copy for every
 # gradient tensor, and a fixed part (buckets' collectives, the backward's preparation). On a
 # plain loop (benchmarks/ddp_overhead.sh, an H200 pair, 2026-11-26): vgg16 b64 (32 tensors)

@@ -210,6 +210,26 @@ HOST_PACED_FLOOR = Validated(
     "a perfect prediction of the same host-paced batch, worker and 1 -> 2 GPU changes, "
     "medians of 3 runs",
 )
+# A rerun of one configuration on another machine with the same GPU (what `advise` spreads the
+# run's own configuration by): `python benchmarks/rerun_spread.py` on the committed ladders and
+# records, each file one machine (rerun_spread-2026-11-28.json). Every pair of runs of one
+# configuration on two machines, one taking the other's throughput as its prediction, classified
+# by batch.gpu_set_the_pace (the profiler window, else NVML's utilization); each configuration's
+# pairs averaged, then the configurations, so that one run on many machines does not outweigh
+# the rest (over all pairs: 0.8% and 18.2%). On one machine: 0.7% and 11.3% by the same rule.
+# The host differs between machines with one GPU model, and a host-paced step follows it.
+RERUN_GPU_PACED = Validated(
+    1.2,
+    321,
+    "one configuration whose GPU set the pace, rerun on another machine with the same GPU (19 "
+    "configurations on H100 and H200 machines)",
+)
+RERUN_HOST_PACED = Validated(
+    18.0,
+    1000,
+    "one configuration whose host set the pace, rerun on another machine with the same GPU (42 "
+    "configurations on H100 and H200 machines)",
+)
 # Regimes whose measured runs are host- or loader-paced: their error is read against it.
 RUN_TO_RUN_REGIMES = (
     "batch_up_host_bound",
@@ -289,15 +309,10 @@ def spread_error(error: float | None, rerun_pct: float | None = None) -> tuple[f
     return ASSUMED_ERROR.mape_pct, "assumed"  # type: ignore[return-value]
 
 
-def rerun_error(other_gpu_error: float | None, host_bound: bool) -> float:
-    """How far a rerun of a run's own configuration (another machine of its kind) may land:
-    two runs of one host-paced configuration differ by 11.7%; where the run's GPU sets the
-    pace, no more than its prediction to another validated GPU claims (that figure holds two
-    runs' spread too), ``other_gpu_error``."""
-    repeat = HOST_PACED_REPEAT.mape_pct
-    if host_bound or other_gpu_error is None:
-        return repeat  # type: ignore[return-value]
-    return min(repeat, other_gpu_error)  # type: ignore[type-var]
+def rerun_error(gpu_paced: bool) -> float:
+    """How far a rerun of a run's own configuration on another machine with its GPU may land
+    (``batch.run_gpu_paced`` says which figure applies)."""
+    return (RERUN_GPU_PACED if gpu_paced else RERUN_HOST_PACED).mape_pct  # type: ignore[return-value]
 
 
 def error_pct(method: str, *regimes: str) -> float | None:

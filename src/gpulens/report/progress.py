@@ -157,7 +157,8 @@ class ProgressReporter:
 
     def _count_text(self) -> str:
         done, total = self._count or (0, None)
-        unit = f" {self.unit}" if self.unit else ""
+        singular = done == 1 and total is None and self.unit.endswith("s")
+        unit = f" {self.unit[:-1] if singular else self.unit}" if self.unit else ""
         return f"{done}/{total}{unit}" if total is not None else f"{done}{unit}"
 
     def _close_count(self) -> None:
