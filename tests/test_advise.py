@@ -61,7 +61,7 @@ def table(rows: list[tuple]) -> pd.DataFrame:
 
 
 # Time for 3.6e6 samples = 1000 / throughput hours. fast: 1 h $10; mid: 2 h $6; slow: 4 h $4;
-# bad: 4 h $8 (dominated by slow); knee sits at mid.
+# bad: 4 h $8 (dominated by slow); the knee (least time x cost: 10, 12, 16) is fast.
 BASIC = table(
     [
         ("fast", 1000.0, 10.0, None),
@@ -163,7 +163,7 @@ def test_options_times_costs_and_front():
         (None, 3.0, "slow", "no configuration stays within $3"),
         (4.5, 5.0, "slow", "within the budget"),
         (3.0, 5.0, "fast", "no configuration meets the deadline and the budget"),
-        (None, None, "mid", "knee"),
+        (None, None, "fast", "knee"),
     ],
 )
 def test_recommendation(deadline, budget, pick, why):
@@ -172,9 +172,19 @@ def test_recommendation(deadline, budget, pick, why):
     assert why in a.reason
 
 
-def test_knee_of_two_points_is_the_cheaper():
+def test_knee_of_two_points_is_the_one_with_the_least_time_times_cost():
     a = advise(table([("fast", 1000.0, 10.0, None), ("slow", 250.0, 1.0, None)]), SAMPLES)
-    assert a.options.loc[a.recommended, "instance"] == "slow"
+    assert a.options.loc[a.recommended, "instance"] == "fast"  # 1 h x $10 < 4 h x $4
+    # 63x faster for 11% more: the fast end, not the cheap one (a front scaled to its ranges
+    # tied both ends and took the cheaper)
+    lopsided = table([("b200", 1000 / 0.24, 11.80 / 0.24, None),
+                      ("g5", 1000 / 10.9, 10.96 / 10.9, None),
+                      ("g2", 1000 / 15.05, 10.64 / 15.05, None)])  # fmt: skip
+    a = advise(lopsided, SAMPLES)
+    assert a.options.loc[a.recommended, "instance"] == "b200"
+    # equal products: the cheaper
+    tie = advise(table([("fast", 1000.0, 8.0, None), ("slow", 500.0, 2.0, None)]), SAMPLES)
+    assert tie.options.loc[tie.recommended, "instance"] == "slow"
 
 
 def test_empty_options_recommend_nothing():

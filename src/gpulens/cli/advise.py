@@ -31,7 +31,8 @@ ASSUMED_CHECKPOINT_S = 60.0
 ADVISE_HELP = (
     "Every cloud configuration of the instance catalog with the job's predicted time and cost, "
     "the Pareto front (time vs cost), and the one to pick: the cheapest that meets --deadline, "
-    "the fastest within --budget, else the knee of the front. Throughput per configuration comes "
+    "the fastest within --budget, else the knee of the front (the least time x cost). Throughput "
+    "per configuration comes "
     "from `gpulens predict` on the run. With --spot, also spot servers: revocations (Poisson), "
     "checkpoints at the best interval (Young/Daly, checked by simulation) and restarts, as p50 "
     "and p90 of a Monte Carlo (fixed seed). Every p90 also spreads the predicted time by the "
