@@ -632,3 +632,14 @@ def test_the_readme_commands_for_a_machine_without_a_gpu_work_on_the_real_record
     advice = docs["advise"]
     assert advice["recommended"] is not None and advice["catalog_date"]
     assert any(o["pricing"] == "spot" for o in advice["options"])
+
+
+def test_a_whole_step_prediction_from_a_host_paced_run_claims_the_host_bound_figure():
+    """Without a profiler window, NVML's utilization over the step beyond its data wait says
+    whether kernels filled it: the JPEG run's 75% did not, the synthetic run's 99% did."""
+    host = predict_run(read_record(FIXTURES / "record_h100_resnet50_jpeg"), Target("H200"))
+    assert host.method == "whole_step_roofline" and "host_bound" in host.regimes
+    assert host.validated_error_pct == VALIDATED["host_bound"].mape_pct
+    gpu = predict_run(read_record(SYNTHETIC), Target("H200"))
+    assert "host_bound" not in gpu.regimes
+    assert gpu.validated_error_pct == VALIDATED["whole_step_roofline"].mape_pct

@@ -389,6 +389,19 @@ def test_fewer_workers_of_a_run_whose_loader_kept_up_say_it_is_unknown():
     assert p.validated_error_pct is None
 
 
+def test_a_loader_that_kept_up_may_not_where_its_workers_would_prepare_less():
+    """15 workers kept up on 16 CPUs, their own speed unmeasured: 64 workers (outnumbering the
+    CPUs) or 2 ranks sharing the host prepare less, so neither claims the validated figure."""
+    for target in (Target(None, workers=64), Target(None, gpus=2)):
+        p = predict_run(read_record(JPEG), target)
+        assert p.validated_error_pct is None, target
+        assert any("may not keep up" in n for n in p.notes)
+        assert any("outnumber the run's 16 CPUs" in n for n in p.notes)
+    # one more worker on the same CPUs still prepares more than 15 did: the figure holds
+    more = predict_run(read_record(JPEG), Target(None, workers=16))
+    assert more.validated_error_pct is not None
+
+
 def test_the_cli_says_why_an_error_is_unknown_not_that_none_was_validated(capsys):
     """`predict --workers` was validated (8.9%); where the loader's pace was not measured the
     error is unknown for that reason, which the line says instead of "not validated"."""
@@ -753,3 +766,13 @@ def test_a_trace_without_start_times_still_predicts_another_batch(capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["regimes"] == ["batch_up"]
     assert out["throughput_samples_per_s"] > 0
+
+
+def test_a_batch_beyond_the_validated_factors_claims_no_error():
+    """x8 was the largest batch change measured; x1562 is beyond it and says so."""
+    run = _run(64)
+    at_8 = predict_run(run, Target(None, batch_size=512))
+    assert at_8.validated_error_pct is not None and at_8.beyond_validation is None
+    far = predict_run(run, Target(None, batch_size=100_000))
+    assert far.validated_error_pct is None
+    assert "validated from x1/8 to x8" in far.beyond_validation

@@ -42,6 +42,7 @@ class RunFacts:
     host_issue_s: float | None = None  # the host's issue of a step on an idle GPU (probed)
     compute_steps_s: tuple[float, ...] = ()  # each measured step's compute phase, sorted
     ranks_per_host: int = 1  # training processes on one host (their workers share it)
+    gpu_util_pct: float | None = None  # NVML: the share of time some kernel ran
 
     def slowest_of_ratio(self, processes: int) -> float:
         """How much longer the slowest of ``processes`` independent steps takes than one
@@ -167,6 +168,7 @@ def run_facts(record) -> RunFacts:
         compute_steps_s=_compute_steps_s(steps),
         ranks_per_host=max(1, int(s.get("gpus") or s.get("processes") or 1))
         // max(1, int(s.get("nnodes") or 1)),
+        gpu_util_pct=_num(gpu.get("gpu_util_pct")),
     )
 
 

@@ -164,7 +164,15 @@ def _gpu_ratio(
             f"no DRAM counter (GPM) in the run: bytes assumed at "
             f"{roofline.DEFAULT_FLOP_PER_BYTE:g} FLOP/byte"
         )
-    return split.ratio(src, tgt), "whole_step_roofline", notes, False
+    # without a window, NVML's utilization (the share of time some kernel ran) over the part
+    # of the step that was not the wait for data says whether kernels filled it
+    util, rest_s = facts.gpu_util_pct, facts.step_s - facts.data_wait_s
+    busy = min(1.0, util / 100 * facts.step_s / rest_s) if util is not None and rest_s > 0 else 1.0
+    host_bound = busy < HOST_BOUND_BUSY
+    if host_bound:
+        notes.append(f"the GPU ran kernels {busy:.0%} of the step beyond its wait for data "
+                     "(NVML): the host set the pace, and another machine's CPU moves it")  # fmt: skip
+    return split.ratio(src, tgt), "whole_step_roofline", notes, host_bound
 
 
 def _regression_ratio(
@@ -304,14 +312,20 @@ def _loader_wait(
             f"scaled to {workers}"
         )
         return max(0.0, loader_step - busy_s), [note, *pace_notes], False
-    if workers < facts.workers or batch > facts.batch_size:
+    # The loader kept up, its own speed unknown: it still keeps up where the workers can
+    # prepare at least what they did (more of them, no more ranks sharing the host's CPUs).
+    pace, pace_notes = worker_pace_ratio(
+        record.meta, facts.workers, workers, facts.ranks_per_host, ranks
+    )
+    if pace * workers < facts.workers or batch > facts.batch_size:
         note = (
             f"the loader kept up with {facts.workers} workers, its own speed is not measured "
-            f"(`gpulens run ... --prep-timing`): it may not keep up at {workers} workers and "
-            f"batch {batch}"
+            f"(`gpulens run ... --prep-timing`): it may not keep up at {workers} workers"
+            + (f" on each of {ranks} ranks" if ranks > facts.ranks_per_host else "")
+            + f" and batch {batch}"
         )
-        return data_wait_s, [note], True
-    return data_wait_s, [], False
+        return data_wait_s, [note, *pace_notes], True
+    return data_wait_s, pace_notes, False
 
 
 def _ddp_host_floor(
@@ -440,7 +454,9 @@ def predict_run(record, target: Target, catalog: Path | None = None) -> Predicti
         error = max(fit_error, error or 0.0)
     # a regression's held-out error was measured on the GPUs it was fitted on
     gpus = (src_spec.gpu, tgt_spec.gpu) if fit_error is None else ()
-    beyond = validation.beyond_validation(gpus, facts.gpus, target.gpus, target.nodes)
+    beyond = validation.beyond_validation(
+        gpus, facts.gpus, target.gpus, target.nodes, batch / facts.batch_size
+    )
     if _is_measured_here(method, regimes):
         beyond = None  # the run's own configuration: nothing is predicted
     error, unknown = validation.claimed_error(error, beyond)

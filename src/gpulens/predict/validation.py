@@ -260,15 +260,26 @@ def run_to_run_note(regimes: tuple[str, ...] | list[str]) -> str | None:
 # several nodes was never measured.
 VALIDATED_GPUS = ("H100-SXM", "H200")
 VALIDATED_GPU_COUNTS = (1, 2, 4)
+# The batch changes of the ladders: x1.3 to x8 up, x3/4 to x1/8 down (a kernel's time past them,
+# and whether the batch fits the GPU's memory at all, were never measured).
+VALIDATED_BATCH_FACTORS = (1 / 8, 8.0)
 
 
 def beyond_validation(
-    gpus: tuple[str, ...], source_gpus: int, target_gpus: int, nodes: int = 1
+    gpus: tuple[str, ...],
+    source_gpus: int,
+    target_gpus: int,
+    nodes: int = 1,
+    batch_factor: float = 1.0,
 ) -> str | None:
     """What of a prediction between ``gpus`` (catalog names), from ``source_gpus`` to
-    ``target_gpus`` per node on ``nodes``, lies outside what was validated; None if nothing."""
+    ``target_gpus`` per node on ``nodes``, at ``batch_factor`` times the run's batch, lies
+    outside what was validated; None if nothing."""
     outside = [g for g in dict.fromkeys(gpus) if g not in VALIDATED_GPUS]
     parts = [f"{' and '.join(outside)} (validated on H100 and H200 only)"] if outside else []
+    low, high = VALIDATED_BATCH_FACTORS
+    if not low <= batch_factor <= high:
+        parts.append(f"a batch x{batch_factor:.3g} the run's (validated from x1/8 to x8)")
     unmeasured = [n for n in (source_gpus, target_gpus) if n not in VALIDATED_GPU_COUNTS]
     if nodes > 1:
         parts.append(f"{nodes} nodes (validated on one)")
