@@ -170,8 +170,8 @@ def _gpu_ratio(
     busy = min(1.0, util / 100 * facts.step_s / rest_s) if util is not None and rest_s > 0 else 1.0
     host_bound = busy < HOST_BOUND_BUSY
     if host_bound:
-        notes.append(f"the GPU ran kernels {busy:.0%} of the step beyond its wait for data "
-                     "(NVML): the host set the pace, and another machine's CPU moves it")  # fmt: skip
+        note = f"the GPU ran kernels {busy:.0%} of the step beyond its wait for data (NVML)"
+        notes.append(note + ": the host set the pace, and another machine's CPU moves it")
     return split.ratio(src, tgt), "whole_step_roofline", notes, host_bound
 
 
