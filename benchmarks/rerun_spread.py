@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import tempfile
@@ -27,6 +28,7 @@ from pathlib import Path
 from predict_same_gpu import _config, _gpu_fill, _point
 from predict_validation import load_records
 
+from gpulens.predict.advise import Z_P90, error_sigma
 from gpulens.predict.batch import GPU_BOUND_FILL, gpu_set_the_pace
 from gpulens.predict.validation import ape_pct
 
@@ -63,6 +65,7 @@ def pair_rows(points: list[dict]) -> list[dict]:
                     "where": "same_machine" if a["origin"] == b["origin"] else "another_machine",
                     "pace": pace(a, b), "pace_by_rule": pace_by_rule(a, b),
                     "ape_pct": ape_pct(a["tput"], b["tput"]),
+                    "time_ratio": a["tput"] / b["tput"],  # measured time over predicted
                 })  # fmt: skip
     return rows
 
@@ -73,11 +76,15 @@ def figure(rows: list[dict]) -> dict | None:
     by_config = defaultdict(list)
     for r in rows:
         by_config[r["config"]].append(r["ape_pct"])
+    mape = statistics.fmean(statistics.fmean(v) for v in by_config.values())
+    p90 = math.exp(Z_P90 * error_sigma(mape))  # advise's p90 of a time with this error
     return {
         "configs": len(by_config),
         "pairs": len(rows) // 2,  # each unordered pair is scored both ways
-        "mape_pct_by_config": statistics.fmean(statistics.fmean(v) for v in by_config.values()),
+        "mape_pct_by_config": mape,
         "mape_pct_all_pairs": statistics.fmean(r["ape_pct"] for r in rows),
+        "p90_factor": p90,
+        "held_within_p90": statistics.fmean(r["time_ratio"] <= p90 for r in rows),
     }
 
 
@@ -111,7 +118,8 @@ def main() -> int:
                     points.append(p)
     rows = pair_rows(points)
     summary = {}
-    print(f"{'where':<16} {'pace':<11} {'configs':>7} {'pairs':>6} {'by config':>10} {'all':>7}")
+    print(f"{'where':<16} {'pace':<11} {'configs':>7} {'pairs':>6} {'by config':>10} {'all':>7} "
+          f"{'<= p90':>7}")  # fmt: skip
     for field, kinds, suffix in (
         ("pace", ("gpu_paced", "host_paced", "unknown"), ""),
         ("pace_by_rule", ("gpu_paced", "host_paced"), "_by_rule"),
@@ -125,7 +133,8 @@ def main() -> int:
                     summary[f"{where}_{kind}{suffix}"] = f
                     by_config_pct, all_pct = f["mape_pct_by_config"], f["mape_pct_all_pairs"]
                     print(f"{where:<16} {kind:<11} {f['configs']:>7} {f['pairs']:>6} "
-                          f"{by_config_pct:>9.1f}% {all_pct:>6.1f}%")  # fmt: skip
+                          f"{by_config_pct:>9.1f}% {all_pct:>6.1f}% "
+                          f"{f['held_within_p90']:>6.1%}")  # fmt: skip
     if args.out:
         command = "python benchmarks/rerun_spread.py " + " ".join(p.as_posix() for p in args.runs)
         args.out.write_text(
