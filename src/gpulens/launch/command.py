@@ -20,7 +20,7 @@ from gpulens.probes.monitor import ProbeSpec
 from gpulens.probes.summary import summarize_gpu, summarize_host
 from gpulens.record.tracker import RUN_DIR_ENV, read_tracker_summary
 from gpulens.run import RunSession, measured_run
-from gpulens.workloads.inject import MAX_STEPS_ENV
+from gpulens.workloads.inject import INJECT_ENV, MAX_STEPS_ENV
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ def _run(
         return _run_child(argv, run, sample_hz, stdout_to_stderr, env, duration_s)
 
 
-def _wait(child, duration_s: float | None) -> tuple[int, bool]:
+def _wait(child, duration_s: float | None, injected: bool = False) -> tuple[int, bool]:
     """The child's exit code, and whether gpulens stopped it at ``duration_s``."""
     if not duration_s:
         return child.wait(), False
@@ -120,8 +120,11 @@ def _wait(child, duration_s: float | None) -> tuple[int, bool]:
     except subprocess.TimeoutExpired:
         pass
     # SIGINT first (what Ctrl-C sends); a child started with SIGINT ignored (a background job)
-    # gets SIGTERM soon after, which an injected script turns into a clean exit.
-    for sig, grace_s in ((signal.SIGINT, SIGINT_GRACE_S), (signal.SIGTERM, STOP_GRACE_S)):
+    # gets SIGTERM soon after, which an injected script turns into a clean exit. An injected
+    # Python script gets SIGTERM first: it ends the same way without printing the
+    # KeyboardInterrupt traceback of wherever the stop found it.
+    stops = [(signal.SIGINT, SIGINT_GRACE_S), (signal.SIGTERM, STOP_GRACE_S)]
+    for sig, grace_s in stops[1:] if injected else stops:
         child.send_signal(sig)
         try:
             return child.wait(timeout=grace_s), True
@@ -168,7 +171,8 @@ def _run_child(
     t0 = time.perf_counter()
     try:
         with run.monitor(probes, hz=sample_hz):
-            returncode, stopped = _wait(child, duration_s)
+            python = Path(argv[0]).name.startswith("python")
+            returncode, stopped = _wait(child, duration_s, python and env.get(INJECT_ENV) == "1")
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)

@@ -137,10 +137,20 @@ def _monitor_rows(table: Table, summary: dict[str, Any]) -> None:
 
 def render_command_summary(console: Console, result) -> None:
     s = result.summary
+    ended = (
+        "stopped at --duration"
+        if s.get("stop_reason") == "duration"
+        else f"exit code {result.returncode}"
+    )
     console.print(
-        f"[bold]{escape(str(result.status))}[/bold] · exit code {result.returncode} · "
+        f"[bold]{escape(str(result.status))}[/bold] · {ended} · "
         f"{s.get('wall_s') or 0:.1f} s · run {escape(str(result.run_id))}"
     )
+    if s.get("measured_steps") == 0 and s.get("tracking_us_per_step") is not None:
+        console.print(
+            "no steps measured: the script's steps were all warm-up before it ended (give a "
+            "longer --duration, or fewer --warmup-steps)"
+        )
     if s.get("throughput_samples_per_s") is not None:
         ci_text = _ci_text(s) if s.get("throughput_ci95_pct") is not None else ""
         console.print(f"throughput {s['throughput_samples_per_s']:,.1f} samples/s{ci_text}")
