@@ -108,6 +108,7 @@ def test_user_catalog_adds_and_overrides(tmp_path):
     "row,fragment",
     [
         ("lab,box,B9000,1,8,64,10,1,,,r,2026-11-20,x,", "unknown GPU 'B9000'"),
+        ("lab,box,H1000,1,8,64,10,1,,,r,2026-11-20,x,", "unknown GPU 'H1000'"),  # not an H100
         ("lab,box,H100,1,8,64,10,-1,,,r,2026-11-20,x,", "ondemand_usd_per_h"),
         ("lab,box,H100,1,8,64,10,1,,,r,last week,x,", "price_date"),
     ],

@@ -47,10 +47,37 @@ def test_required_gpus_have_source_and_date():
         ("NVIDIA A100-SXM4-40GB", "A100-40GB"),
         ("A100", "A100-80GB"),
         ("NVIDIA L40S", "L40S"),
+        ("Tesla V100-SXM2-16GB", "V100-SXM2"),
+        ("NVIDIA A10G", "A10G"),
     ],
 )
-def test_names_match_longest_alias(name, expected):
+def test_recorded_names_match_longest_alias(name, expected):
+    assert find_gpu(name, recorded=True).gpu == expected
+
+
+@pytest.mark.parametrize(
+    "name,expected",
+    [
+        ("H100", "H100-SXM"),
+        ("h100-sxm", "H100-SXM"),
+        ("H100 PCIe", "H100-PCIe"),
+        ("A100_40GB", "A100-40GB"),
+        ("a100", "A100-80GB"),
+        ("L4", "L4"),
+        ("Tesla T4", "T4"),
+        ("V100", "V100-SXM2"),
+        ("A10G", "A10G"),
+    ],
+)
+def test_typed_names_match_a_name_or_alias_whole(name, expected):
     assert find_gpu(name).gpu == expected
+
+
+@pytest.mark.parametrize("typo", ["L40", "A100-40", "GH200", "H100 NVL", "H1000"])
+def test_a_typed_name_that_only_contains_an_alias_is_unknown(typo):
+    # the substring reading of NVML names would take L40 for an L4, H1000 for an H100
+    with pytest.raises(UsageError, match=f"unknown GPU '{typo}'; known: "):
+        find_gpu(typo)
 
 
 def test_user_catalog_adds_and_overrides(tmp_path):
@@ -60,7 +87,7 @@ def test_user_catalog_adds_and_overrides(tmp_path):
         "MI300X,mi300x,163.4,653.7,1307.4,1307.4,2614.9,192,5300,896,64,https://amd.com,2026-11-23\n"
         "H200,h200,1,1,1,1,1,141,4800,900,64,https://example.com,2026-11-01\n"
     )
-    assert find_gpu("AMD Instinct MI300X", extra).mem_gb == 192
+    assert find_gpu("AMD Instinct MI300X", extra, recorded=True).mem_gb == 192
     assert find_gpu("H200", extra).bf16_tflops == 1
     assert find_gpu("H200").bf16_tflops == pytest.approx(989.4)
 

@@ -386,6 +386,8 @@ def test_predict_table(capsys):
     "args,fragment",
     [
         (["--gpu", "B9000"], "unknown GPU 'B9000'"),
+        (["--gpu", "L40"], "unknown GPU 'L40'"),  # not the L4 whose name it contains
+        (["--gpu", "H1000"], "unknown GPU 'H1000'"),
         (["--gpu", "H100", "--nodes", "2"], "--network-gbps"),
         (["--gpu", "H100", "--gpus", "0"], "--gpus"),
     ],
@@ -400,6 +402,14 @@ def test_run_without_steps_exits_2(capsys, tmp_path):
     code, out, err = cli(capsys, "predict", str(rec), "--gpu", "H200")
     assert code == 2 and "no measured training steps" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_a_recorded_nvml_name_is_read_by_the_alias_inside_it(capsys, tmp_path):
+    gpu = json.loads((SYNTHETIC / "run.json").read_text())["summary"]["gpu"]
+    rec = copy_record(SYNTHETIC, tmp_path / "r", gpu={**gpu, "name": "NVIDIA A100 80GB PCIe"})
+    code, out, err = cli(capsys, "predict", str(rec), "--gpu", "H200", "--json")
+    assert code == 0, err
+    assert json.loads(out)["source_gpu"] == "A100-80GB"
 
 
 def test_cpu_run_exits_2(capsys, tmp_path):

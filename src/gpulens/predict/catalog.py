@@ -112,17 +112,25 @@ def _normalise(name: str) -> str:
     return " ".join(name.lower().replace("-", " ").replace("_", " ").replace("nvidia", " ").split())
 
 
-def find_gpu(name: str, extra: Path | None = None) -> GpuSpec:
-    """The catalog row for a GPU name or NVML name; the longest matching alias wins."""
+def _key(name: str) -> str:
+    """A typed name's match key: case, spaces, dashes and underscores don't count."""
+    return "".join(_normalise(name).split())
+
+
+def find_gpu(name: str, extra: Path | None = None, *, recorded: bool = False) -> GpuSpec:
+    """The catalog row named ``name`` (its name or an alias, matched whole, so a typo such as
+    L40 is an error rather than an L4). ``recorded=True`` reads a run's NVML device name
+    ("NVIDIA H100 80GB HBM3"): then the longest alias inside the name wins."""
     specs = _specs(extra)
-    wanted = _normalise(name)
-    best: tuple[int, GpuSpec] | None = None
+    wanted = _key(name)
     for spec in specs:
-        if _normalise(spec.gpu) == wanted:
+        if wanted in {_key(a) for a in [spec.gpu, *spec.aliases.split(";")] if _key(a)}:
             return spec
+    seen, best = _normalise(name), None
+    for spec in specs if recorded else ():
         for alias in filter(None, (a.strip() for a in spec.aliases.split(";"))):
             fragment = _normalise(alias)
-            if fragment and fragment in wanted and (best is None or len(fragment) > best[0]):
+            if fragment and fragment in seen and (best is None or len(fragment) > best[0]):
                 best = (len(fragment), spec)
     if best is None:
         known = ", ".join(s.gpu for s in specs)

@@ -134,7 +134,7 @@ def training_rows(records, catalog: Path | None = None) -> tuple[list[RunFacts],
             continue
         try:
             facts = run_facts(rec)
-            spec = find_gpu(facts.gpu_name, catalog)
+            spec = find_gpu(facts.gpu_name, catalog, recorded=True)
         except UsageError:
             continue
         if features(facts, spec) is not None and facts.non_data_s > 0:

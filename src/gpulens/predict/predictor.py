@@ -378,7 +378,7 @@ def _ddp_host_floor(
 def predict_run(record, target: Target, catalog: Path | None = None) -> Prediction:
     """Predict ``record`` (a RunRecord of a training run on a GPU) on ``target``."""
     facts = run_facts(record)
-    src_spec = find_gpu(facts.gpu_name, catalog)
+    src_spec = find_gpu(facts.gpu_name, catalog, recorded=True)
     tgt_spec = find_gpu(target.gpu, catalog) if target.gpu else src_spec
     column = roofline.peak_column(facts.precision, facts.workload)
     src = roofline.hardware(src_spec, column)
