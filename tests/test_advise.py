@@ -471,12 +471,18 @@ def test_workload_name_uses_the_newest_finished_run(capsys, small_catalog, gpule
         (["--samples", "1e6", "--catalog", "BAD"], "unknown GPU 'B9000'"),
         (["--samples", "1e6", "--catalog", "missing.csv"], "cannot read instance catalog"),
         (["--samples", "1e6", "--spot", "--checkpoint-s", "-5"], "--checkpoint-s"),
+        (["--samples", "1e6", "--catalog", "BIN"], "instance catalog BIN: not UTF-8"),
+        (["--samples", "1e6", "--gpu-catalog", "BIN"], "GPU catalog BIN: not UTF-8"),
+        (["--samples", "1e6", "--gpu-catalog", "missing.csv"], "cannot read GPU catalog"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(capsys, tmp_path, args, fragment):
     bad = tmp_path / "bad.csv"
     bad.write_text(HEADER + "\nlab,box,B9000,1,8,64,10,1,,,r,2026-11-20,x,\n")
-    args = [str(bad) if a == "BAD" else a for a in args]
+    binary = tmp_path / "bin.csv"
+    binary.write_bytes(b"\xff\xfe\x00\x01")
+    args = [{"BAD": str(bad), "BIN": str(binary)}.get(a, a) for a in args]
+    fragment = fragment.replace("BIN", str(binary))
     code, out, err = cli(capsys, "advise", str(SYNTHETIC), *args)
     assert code == 2 and fragment in err, err
     assert len(err.strip().splitlines()) == 1

@@ -101,6 +101,10 @@ def test_bad_catalog_and_unknown_gpu_give_usage_errors(tmp_path):
         find_gpu("Voodoo3")
     with pytest.raises(UsageError, match="cannot read"):
         gpu_catalog(tmp_path / "missing.csv")
+    binary = tmp_path / "bin.csv"
+    binary.write_bytes(",".join(COLUMNS).encode() + b"\nX,\xff\xfe\n")
+    with pytest.raises(UsageError, match=r"GPU catalog .*bin\.csv: not UTF-8"):
+        gpu_catalog(binary)
 
 
 def test_a_user_catalog_without_the_optional_l2_columns_still_loads(tmp_path):

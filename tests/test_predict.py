@@ -397,6 +397,16 @@ def test_predict_bad_input_exits_2_with_one_line(capsys, args, fragment):
     assert code == 2 and fragment in err and len(err.strip().splitlines()) == 1
 
 
+def test_a_catalog_that_is_not_utf8_exits_2_naming_it(capsys, tmp_path):
+    binary = tmp_path / "bin.csv"
+    binary.write_bytes(b"\xff\xfe\x00\x01")
+    code, out, err = cli(
+        capsys, "predict", str(SYNTHETIC), "--gpu", "H200", "--catalog", str(binary)
+    )
+    assert code == 2 and f"GPU catalog {binary}: not UTF-8" in err
+    assert len(err.strip().splitlines()) == 1
+
+
 def test_run_without_steps_exits_2(capsys, tmp_path):
     rec = copy_record(SYNTHETIC, tmp_path / "r", measured_steps=0, phases_s={})
     code, out, err = cli(capsys, "predict", str(rec), "--gpu", "H200")

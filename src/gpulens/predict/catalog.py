@@ -60,7 +60,7 @@ class GpuSpec:
 
 def _read_rows(path: Path) -> list[dict[str, str]]:
     try:
-        with path.open(newline="") as handle:
+        with path.open(newline="", encoding="utf-8") as handle:
             reader = csv.DictReader(handle)
             missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
             if missing:
@@ -73,6 +73,11 @@ def _read_rows(path: Path) -> list[dict[str, str]]:
         raise UsageError(
             f"cannot read GPU catalog {path}: {exc.strerror}; pass an existing CSV to --catalog"
         ) from exc
+    except UnicodeDecodeError as exc:
+        raise UsageError(
+            f"cannot read GPU catalog {path}: not UTF-8 text (byte {exc.start}); "
+            "save it as a UTF-8 CSV"
+        ) from None
 
 
 def _to_float(value: str, path: Path, column: str) -> float | None:

@@ -18,6 +18,7 @@ import pandas as pd
 
 from gpulens.errors import UsageError
 from gpulens.predict.catalog import find_gpu
+from gpulens.predict.catalog import gpu_catalog as read_gpu_catalog
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +118,7 @@ def _parse(row: dict, path: Path, gpu_catalog: Path | None) -> Instance:
 
 def _rows(path: Path) -> list[dict]:
     try:
-        with path.open(newline="") as handle:
+        with path.open(newline="", encoding="utf-8") as handle:
             reader = csv.DictReader(handle)
             required = [c for c in COLUMNS if c not in ("note", "revocations_per_h", "source")]
             missing = [c for c in required if c not in (reader.fieldnames or [])]
@@ -132,10 +133,16 @@ def _rows(path: Path) -> list[dict]:
             f"cannot read instance catalog {path}: {exc.strerror}; pass an existing CSV "
             "to --catalog"
         ) from exc
+    except UnicodeDecodeError as exc:
+        raise UsageError(
+            f"cannot read instance catalog {path}: not UTF-8 text (byte {exc.start}); "
+            "save it as a UTF-8 CSV"
+        ) from None
 
 
 def load_instances(extra: Path | None = None, gpu_catalog: Path | None = None) -> list[Instance]:
     """The bundled rows, extended (or overridden by provider and instance) by ``extra``."""
+    read_gpu_catalog(gpu_catalog)  # its own error first, not as every row's "unknown GPU"
     by_key: dict[tuple[str, str], Instance] = {}
     for path in [INSTANCES_PATH] + ([Path(extra)] if extra is not None else []):
         for row in _rows(path):
