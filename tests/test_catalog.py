@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from gpulens.errors import UsageError
@@ -105,6 +107,22 @@ def test_bad_catalog_and_unknown_gpu_give_usage_errors(tmp_path):
     binary.write_bytes(",".join(COLUMNS).encode() + b"\nX,\xff\xfe\n")
     with pytest.raises(UsageError, match=r"GPU catalog .*bin\.csv: not UTF-8"):
         gpu_catalog(binary)
+
+
+@pytest.mark.parametrize(
+    "row,fragment",
+    [
+        ("X1,x1,10,,20,20,,16,-8000,0,16,https://x,2026-11-26", "mem_bw_gb_s of X1 is '-8000'"),
+        ("X1,x1,0,,20,20,,16,500,0,16,https://x,2026-11-26", "fp32_tflops of X1 is '0'"),
+        ("X1,x1,10,,20,20,,16,inf,0,16,https://x,2026-11-26", "mem_bw_gb_s of X1 is 'inf'"),
+        ("X1,x1,10,,20,20,,16,500,0,16,https://x,notadate", "date of X1 is 'notadate'"),
+    ],
+)
+def test_a_user_catalog_with_a_bad_value_is_a_usage_error(tmp_path, row, fragment):
+    user = tmp_path / "gpus.csv"
+    user.write_text(",".join(COLUMNS) + "\n" + row + "\n")
+    with pytest.raises(UsageError, match=re.escape(f"GPU catalog {user}: {fragment}")):
+        gpu_catalog(user)
 
 
 def test_a_user_catalog_without_the_optional_l2_columns_still_loads(tmp_path):

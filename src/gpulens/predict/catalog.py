@@ -9,7 +9,9 @@ with ``l2_source``). A user catalog must use the same units.
 from __future__ import annotations
 
 import csv
+import math
 from dataclasses import dataclass, fields
+from datetime import date
 from pathlib import Path
 
 import pandas as pd
@@ -80,15 +82,33 @@ def _read_rows(path: Path) -> list[dict[str, str]]:
         ) from None
 
 
-def _to_float(value: str, path: Path, column: str) -> float | None:
-    if value is None or value.strip() == "":
+def _to_float(row: dict, path: Path, column: str) -> float | None:
+    value = (row.get(column) or "").strip()
+    if value == "":
         return None
     try:
-        return float(value)
+        number = float(value)
     except ValueError as exc:
         raise UsageError(
             f"GPU catalog {path}: column {column} has {value!r}, expected a number or empty"
         ) from exc
+    # a negative bandwidth or peak would predict faster than any GPU; no NVLink is 0
+    if not math.isfinite(number) or number < 0 or (number == 0 and column != "nvlink_gb_s"):
+        raise UsageError(
+            f"GPU catalog {path}: {column} of {row['gpu'].strip()} is {value!r}, "
+            "expected a positive number or empty"
+        )
+    return number
+
+
+def _check_date(row: dict, path: Path) -> None:
+    try:
+        date.fromisoformat((row.get("date") or "").strip())
+    except ValueError:
+        raise UsageError(
+            f"GPU catalog {path}: date of {row['gpu'].strip()} is {row.get('date')!r}, "
+            "expected YYYY-MM-DD"
+        ) from None
 
 
 def _specs(extra: Path | None) -> list[GpuSpec]:
@@ -97,10 +117,11 @@ def _specs(extra: Path | None) -> list[GpuSpec]:
         for row in _read_rows(path):
             if not (row.get("gpu") or "").strip():
                 raise UsageError(f"GPU catalog {path}: a row has no gpu name; fill the gpu column")
+            _check_date(row, path)
             values = {
                 f.name: (row.get(f.name) or "").strip()
                 if f.name in _TEXT
-                else _to_float(row.get(f.name), path, f.name)
+                else _to_float(row, path, f.name)
                 for f in fields(GpuSpec)
             }
             spec = GpuSpec(**values)
