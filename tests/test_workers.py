@@ -26,6 +26,7 @@ from gpulens.predict.workers import (
 
 FIXTURES = Path(__file__).parent / "fixtures"
 LOADER_RUN = FIXTURES / "stalls_h100_resnet50_s8" / "20261124-082105-01408d"  # 8 workers
+OLD_RECORD = FIXTURES / "record_h100_resnet50_jpeg"  # 15 workers, in effective_config only
 
 
 def saturating(job: str, per_worker: float, ceiling: float, cpus: int) -> Curve:
@@ -182,6 +183,20 @@ def test_cli_allocates_from_measured_and_predicted_curves(capsys, gpulens_home):
     code = main(["allocate-workers", "resnet50", "--cpus", "8"])
     out, err = capsys.readouterr()
     assert code == 0 and "even split" in out
+
+
+def test_an_older_record_keeps_its_workers_in_the_config(capsys, gpulens_home):
+    old = json.loads((OLD_RECORD / "run.json").read_text())
+    assert "workers" not in old["summary"] and old["effective_config"]["workers"] == 15
+    assert "GPU-bound at 15 workers" in curve_for_job("resnet50", [old], 16).note
+    # two such runs at 4 and 15 workers: a measured curve, not both read as in-process
+    four = {**old, "effective_config": {**old["effective_config"], "workers": 4}}
+    assert curve_for_job("resnet50", [four, old], 16).workers == (4, 15)
+    shutil.copytree(OLD_RECORD, gpulens_home / "runs" / OLD_RECORD.name)
+    code = main(["allocate-workers", "resnet50", "--cpus", "16", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "GPU-bound at 15 workers" in json.loads(out)["jobs"][0]["curve_note"]
 
 
 def test_cli_without_runs_exits_2_with_one_line(capsys):
