@@ -199,6 +199,30 @@ def test_an_older_record_keeps_its_workers_in_the_config(capsys, gpulens_home):
     assert "GPU-bound at 15 workers" in json.loads(out)["jobs"][0]["curve_note"]
 
 
+def test_a_run_named_as_a_job_is_the_run_its_curve_is_built_from(capsys, gpulens_home):
+    # the store holds no run of resnet50: the named run is used, not dropped for its workload
+    code = main(["allocate-workers", str(OLD_RECORD), str(LOADER_RUN), "--cpus", "16", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    notes = [j["curve_note"] for j in json.loads(out)["jobs"]]
+    assert "at 15 workers" in notes[0] and "at 8 workers" in notes[1]
+    # with store runs of its workload, batch size and GPU at other counts: measured, with it
+    for i, (w, t) in enumerate([(2, 400.0), (4, 800.0)]):
+        _store_run(gpulens_home, f"r{i}", w, t)
+    code = main(["allocate-workers", str(LOADER_RUN), "--cpus", "16", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "3 runs at workers [2, 4, 8]" in json.loads(out)["jobs"][0]["curve_note"]
+
+
+def test_a_named_run_without_a_data_loader_exits_2_naming_it(capsys, gpulens_home):
+    synthetic = FIXTURES / "record_h100_resnet50_synthetic"
+    code = main(["allocate-workers", str(synthetic), "--cpus", "4"])
+    err = capsys.readouterr().err
+    assert code == 2 and "run 20261123-122221-e3c380 is no finished run of resnet50" in err
+    assert len(err.strip().splitlines()) == 1
+
+
 def test_cli_without_runs_exits_2_with_one_line(capsys):
     code = main(["allocate-workers", "resnet50", "--cpus", "4"])
     err = capsys.readouterr().err

@@ -54,7 +54,8 @@ ALLOCATE_HELP = (
     "throughput curve over its workers, measured from the store's runs of that workload at two "
     "or more --workers counts (else predicted from its newest run), and the split that maximises "
     "the aggregate (exact dynamic programme; greedy marginal gain on concave curves), compared "
-    "with an even split.\n\n"
+    "with an even split. A job given as a run (id, name or directory) takes that run in place "
+    "of the newest.\n\n"
     "\b\nExample:\n"
     "  gpulens allocate-workers resnet50 mobilenet_v3_small --cpus 16"
 )
@@ -325,12 +326,16 @@ def _render(options, chosen, reason: str, run_id: str, samples: float, day: str)
 
 
 # ----------------------------------------------------------------------- allocate-workers
-def _job_workload(job: str, find_run) -> str:
-    """The workload of a run id; a name that is no run is taken as a workload."""
+def _job(job: str, known: set, find_run) -> tuple[str, dict | None]:
+    """The job's workload and, for a run the user named, that run's document: a workload of
+    the store's runs first, then a run; a name that is no run is taken as a workload."""
+    if job in known:
+        return job, None
     try:
-        return _workload(find_run(job).meta) or job
+        meta = find_run(job).meta
     except UsageError:
-        return job
+        return job, None
+    return _workload(meta) or job, meta
 
 
 def allocate_workers(
@@ -350,8 +355,8 @@ def allocate_workers(
         raise UsageError(f"--cpus must be at least the number of jobs ({len(jobs)}), got {cpus}")
     metas = [r.meta for r in list_records(runs_dir())]
     known = {_workload(m) for m in metas}
-    names = [j if j in known else _job_workload(j, find_run) for j in jobs]
-    curves = [curve_for_job(name, metas, cpus) for name in names]
+    named = [_job(j, known, find_run) for j in jobs]
+    curves = [curve_for_job(name, metas, cpus, run) for name, run in named]
     alloc = allocate(curves, cpus, objective)
     frame = allocation_frame(alloc, curves)
     if json_out:

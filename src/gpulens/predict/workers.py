@@ -105,11 +105,18 @@ def _workers(meta: dict) -> int:
     return int(s.get("workers") if s.get("workers") is not None else eff.get("workers") or 0)
 
 
-def curve_for_job(job: str, metas: list[dict], cpus: int) -> Curve:
+def curve_for_job(job: str, metas: list[dict], cpus: int, run: dict | None = None) -> Curve:
     """The job's curve from the store's run.json documents (oldest first): measured where runs
-    at two or more worker counts exist (same batch size and GPU as the newest), else predicted
-    from the newest run."""
+    at two or more worker counts exist (same batch size and GPU as the newest, or as ``run``,
+    a run the user named), else predicted from that run."""
     runs = _loader_runs(job, metas)
+    if run is not None:
+        if not _loader_runs(job, [run]):
+            raise UsageError(
+                f"run {run.get('run_id')} is no finished run of {job} with a data loader: give "
+                f"one of `gpulens run {job} --data DIR --workers N`"
+            )
+        runs = [m for m in runs if m.get("run_id") != run.get("run_id")] + [run]
     if not runs:
         raise UsageError(
             f"no finished run of {job} with a data loader in the store: run "
