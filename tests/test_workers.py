@@ -228,6 +228,11 @@ def test_cli_without_runs_exits_2_with_one_line(capsys):
     err = capsys.readouterr().err
     assert code == 2 and "gpulens run resnet50 --data DIR" in err
     assert len(err.strip().splitlines()) == 1
+    code = main(["allocate-workers", "tiny_cnn", "resnt50", "--cpus", "4"])
+    err = capsys.readouterr().err
+    assert code == 2 and "unknown workload 'resnt50'; choose one of: " in err
+    assert "resnet50" in err and "gpulens run resnt50" not in err
+    assert len(err.strip().splitlines()) == 1
     code = main(["allocate-workers", "a", "b", "c", "--cpus", "2"])
     err = capsys.readouterr().err
     assert code == 2 and "--cpus must be at least" in err

@@ -328,12 +328,18 @@ def _render(options, chosen, reason: str, run_id: str, samples: float, day: str)
 # ----------------------------------------------------------------------- allocate-workers
 def _job(job: str, known: set, find_run) -> tuple[str, dict | None]:
     """The job's workload and, for a run the user named, that run's document: a workload of
-    the store's runs first, then a run; a name that is no run is taken as a workload."""
+    the store's runs first, then a run, then a built-in workload."""
     if job in known:
         return job, None
     try:
         meta = find_run(job).meta
     except UsageError:
+        from gpulens.workloads.models import get_workload
+
+        try:
+            get_workload(job)
+        except UsageError as exc:  # a misspelt name: not "run it first"
+            raise UsageError(f"{exc} (or give a run id, name or directory)") from None
         return job, None
     return _workload(meta) or job, meta
 
