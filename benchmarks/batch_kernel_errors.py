@@ -44,7 +44,9 @@ def ladder_errors(runs: list) -> dict[str, list[float]]:
     """Signed errors (%) of the predicted kernel time per step, by direction."""
     out: dict[str, list[float]] = {"up": [], "down": []}
     for src in runs:
-        hw = hardware(find_gpu(src.gpu_name), peak_column(src.precision, src.workload))
+        hw = hardware(
+            find_gpu(src.gpu_name, recorded=True), peak_column(src.precision, src.workload)
+        )
         for dst in runs:
             if dst.workload != src.workload or dst.batch_size == src.batch_size:
                 continue

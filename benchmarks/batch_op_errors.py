@@ -25,7 +25,9 @@ from gpulens.record.reader import read_record
 def per_op_ms(run_dir: Path, new_batch: int) -> dict[str, tuple[float, float]]:
     """Op name -> (measured, modelled at ``new_batch``) kernel ms per profiled step."""
     facts = run_facts(read_record(run_dir))
-    hw = hardware(find_gpu(facts.gpu_name), peak_column(facts.precision, facts.workload))
+    hw = hardware(
+        find_gpu(facts.gpu_name, recorded=True), peak_column(facts.precision, facts.workload)
+    )
     ops, kernels = load_trace(facts.trace)
     sizes = batch_model.batch_sizes(ops.values(), facts.batch_size)
     factor = new_batch / facts.batch_size

@@ -86,7 +86,8 @@ def load_records(paths: list[Path], tmp: Path) -> list:
 
 def record_point(rec) -> dict:
     s = rec.meta["summary"]
-    gpu = find_gpu((s.get("gpu") or {}).get("name") or rec.meta["environment"]["gpu_model"]).gpu
+    name = (s.get("gpu") or {}).get("name") or rec.meta["environment"]["gpu_model"]
+    gpu = find_gpu(name, recorded=True).gpu
     key = _key(s["workload"], s["batch_size"], s["precision"], _role(rec.meta), s.get("workers"),
                s.get("gpus") or 1)  # fmt: skip
     cpus = (rec.meta.get("environment") or {}).get("cpu_count_logical")

@@ -67,10 +67,13 @@ step demo 300 'gpulens demo'
 step workloads 60 'gpulens workloads'
 step run_resnet18 240 'gpulens run resnet18 --steps 50 --batch-size 64 --precision bf16'
 r18=$(newest_run)
-step predict_gpu 120 "gpulens predict $r18 --gpu $other"
-step predict_gpu_json 120 "gpulens predict $r18 --gpu $other --json"
-step predict_gpus_2 120 "gpulens predict $r18 --gpu $other --gpus 2"
-step predict_batch 120 "gpulens predict $r18 --batch-size 256"
+step run_resnet50_profiled 240 'gpulens run resnet50 --precision bf16 --batch-size 128 --torch-profiler 5'
+r50p=$(newest_run)
+step predict_gpu 120 "gpulens predict $r50p --gpu $other"
+step predict_gpu_json 120 "gpulens predict $r50p --gpu $other --json"
+step predict_gpus_2 120 "gpulens predict $r50p --gpu $other --gpus 2"
+step predict_batch 120 "gpulens predict $r50p --batch-size 256"
+step predict_r18_gpu 120 "gpulens predict $r18 --gpu $other"
 step advise_workload 120 'gpulens advise resnet50 --epochs 90 --dataset-size 1281167 --deadline 24 --spot'
 step advise_run 120 "gpulens advise $r18 --epochs 90 --dataset-size 1281167 --deadline 24 --json"
 step fit 120 'gpulens fit'
@@ -80,6 +83,7 @@ r50=$(newest_run)
 step predict_workers 120 "gpulens predict $r50 --workers 8"
 step plain_alone 240 'python3 examples/train_plain.py -b 32 --model resnet18'
 step run_plain 240 'gpulens run --duration 60 -- python examples/train_plain.py -b 32 --model resnet18'
+step run_plain_stopped 120 'gpulens run --duration 10 -- python examples/train_plain.py -b 32 --model resnet18 --steps 100000'
 step run_tracked 300 'gpulens run -- python examples/train_tracked.py'
 step allocate_workers 180 'gpulens allocate-workers resnet50 resnet18 --cpus 16'
 step report 120 'gpulens report latest'
