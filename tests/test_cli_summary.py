@@ -81,3 +81,19 @@ def test_run_and_demo_share_one_json_builder_with_fixed_keys():
     result = RunResult(run_id="r1", record_dir=Path("/x"), kind="train", summary=with_skips)
     doc = cli_run.train_json(result)
     assert list(doc)[-3:] == ["skipped_samples", "skipped_files_total", "skipped_files"]
+
+
+def test_a_command_stopped_at_duration_says_so_and_when_nothing_was_measured():
+    """Not the signal's exit code (-2, 143): the stop was asked for. With no step measured
+    (a script still starting when --duration ended it), the summary says why."""
+    from types import SimpleNamespace
+
+    from gpulens.report.terminal import render_command_summary
+
+    buf = io.StringIO()
+    result = SimpleNamespace(status="finished", returncode=143, run_id="r1", record_dir="/x",
+                             summary={"stop_reason": "duration", "wall_s": 12.7})  # fmt: skip
+    render_command_summary(Console(file=buf, width=200), result)
+    text = buf.getvalue()
+    assert "stopped at --duration" in text and "exit code" not in text
+    assert "no steps measured" in text and "longer --duration" in text

@@ -146,10 +146,10 @@ def render_command_summary(console: Console, result) -> None:
         f"[bold]{escape(str(result.status))}[/bold] · {ended} · "
         f"{s.get('wall_s') or 0:.1f} s · run {escape(str(result.run_id))}"
     )
-    if s.get("measured_steps") == 0 and s.get("tracking_us_per_step") is not None:
+    if s.get("stop_reason") == "duration" and s.get("throughput_samples_per_s") is None:
         console.print(
-            "no steps measured: the script's steps were all warm-up before it ended (give a "
-            "longer --duration, or fewer --warmup-steps)"
+            "no steps measured: --duration ended the command before any step past warm-up "
+            "(give a longer --duration)"
         )
     if s.get("throughput_samples_per_s") is not None:
         ci_text = _ci_text(s) if s.get("throughput_ci95_pct") is not None else ""
