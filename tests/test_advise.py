@@ -159,11 +159,14 @@ def test_options_times_costs_and_front():
         (2.5, None, "mid", "cheapest that finishes within 2.5 h"),
         (10.0, None, "slow", "cheapest"),
         (0.5, None, "fast", "no configuration meets the deadline"),
-        (None, 7.0, "mid", "fastest that stays within $7"),
+        (None, 7.0, "mid", "fastest that stays within $7.00"),
         (None, 100.0, "fast", "fastest"),
-        (None, 3.0, "slow", "no configuration stays within $3"),
+        (None, 3.0, "slow", "no configuration stays within $3.00"),
         (4.5, 5.0, "slow", "within the budget"),
-        (3.0, 5.0, "fast", "no configuration meets the deadline and the budget"),
+        (3.0, 5.0, "mid", "none that finishes within 3 h (p90) stays within $5.00: the cheapest"),
+        (0.5, 5.0, "fast", "no configuration meets the deadline"),
+        (None, 5.99999, "slow", "stays within $5.99999"),  # as given: $6.00 would mislead
+        (None, 3.9999, "slow", "within $3.9999 (at p90); the cheapest costs $4.0000"),
         (None, None, "fast", "knee"),
     ],
 )
@@ -534,3 +537,10 @@ def test_the_table_shows_every_instance_in_full_in_80_columns(capsys, monkeypatc
     words = set(out.split())
     assert names <= words, sorted(names - words)
     assert max(len(line) for line in out.splitlines()) <= 80
+
+
+def test_an_instance_not_predicted_at_several_node_counts_is_named_once(capsys):
+    code, out, err = cli(capsys, "advise", str(SYNTHETIC), "--samples", "1e7", "--max-nodes", "3")
+    assert code == 0, err
+    lines = [x for x in " ".join(out.split()).split("not predicted: ")[1:]]
+    assert lines and all(len(set(n := x.split(": ")[0].split(", "))) == len(n) for x in lines)

@@ -61,6 +61,8 @@ def cli(capsys, *args: str) -> tuple[int, str, str]:
         {"gpu": "H100", "gpus": True},
         {"gpu": "H100", "nodes": 2},
         {"gpu": "H100", "network_gbps": -1.0},
+        {"gpu": "H100", "nodes": 2, "network_gbps": math.inf},
+        {"gpu": "H100", "network_gbps": 100.0},  # one node: no network to model, not ignored
     ],
 )
 def test_target_rejects_bad_values(kwargs):
@@ -389,6 +391,7 @@ def test_predict_table(capsys):
         (["--gpu", "L40"], "unknown GPU 'L40'"),  # not the L4 whose name it contains
         (["--gpu", "H1000"], "unknown GPU 'H1000'"),
         (["--gpu", "H100", "--nodes", "2"], "--network-gbps"),
+        (["--gpu", "H100", "--network-gbps", "100"], "give --nodes M"),
         (["--gpu", "H100", "--gpus", "0"], "--gpus"),
     ],
 )
@@ -663,3 +666,13 @@ def test_a_whole_step_prediction_from_a_host_paced_run_claims_the_host_bound_fig
     gpu = predict_run(read_record(SYNTHETIC), Target("H200"))
     assert "host_bound" not in gpu.regimes
     assert gpu.validated_error_pct == VALIDATED["whole_step_roofline"].mape_pct
+
+
+def test_a_run_that_did_not_finish_is_predicted_with_a_warning(capsys, tmp_path):
+    run = tmp_path / "failed"
+    shutil.copytree(FIXTURES / "predict_resnet18_b128" / "h100" / "20261125-235354-13e736", run)
+    meta = json.loads((run / "run.json").read_text())
+    (run / "run.json").write_text(json.dumps({**meta, "status": "failed"}))
+    code, out, err = cli(capsys, "predict", str(run), "--gpu", "H200", "--json")
+    assert code == 0 and json.loads(out)["throughput_samples_per_s"] > 0
+    assert "ended failed" in err and "predict from a finished run" in err

@@ -98,7 +98,9 @@ def resolve_run(target: str):
             "on a GPU first"
         )
     try:
-        return find_run(target)
+        record = find_run(target)
+        common.warn_unfinished(record)
+        return record
     except UsageError:
         from gpulens.workloads.models import list_workloads
 
@@ -280,6 +282,7 @@ def advise(
     for s in skipped:
         by_reason.setdefault(s["reason"], []).append(s["instance"])
     for reason, names in by_reason.items():
+        names = list(dict.fromkeys(names))  # an instance skipped at each node count: once
         common.out.print(Text(f"not predicted: {', '.join(names)}: {reason}"), highlight=False)
 
 
@@ -377,7 +380,8 @@ def allocate_workers(
                           "even_samples_per_s": sum(alloc.even_samples_per_s)},
         })  # fmt: skip
         return
-    table = Table(title=f"loader workers for {len(jobs)} jobs on {cpus} CPUs ({objective})")
+    jobs_text = f"{len(jobs)} job" + "s" * (len(jobs) != 1)
+    table = Table(title=f"loader workers for {jobs_text} on {cpus} CPUs ({objective})")
     for col in ("job", "curve", "workers", "samples/s", "even split", "samples/s"):
         table.add_column(col)
     for r in frame.to_dict("records"):

@@ -65,6 +65,13 @@ def warn(label: str, text: str) -> None:
     err.print(Text.assemble((label, "yellow"), text), soft_wrap=True, highlight=False)
 
 
+def warn_unfinished(record) -> None:
+    """A run read for a prediction that did not finish: its steps may be a partial picture."""
+    if record.status != "finished":
+        warn("warning: ", f"run {record.run_id} ended {record.status}: its measured steps may "
+             "not represent the job (predict from a finished run)")  # fmt: skip
+
+
 def store_record(record_dir: Path | None, enabled: bool) -> str | None:
     """Log a record (finished, failed or killed) to MLflow when it is installed; bounded wait,
     never raises: a store that is down leaves the record local for `gpulens runs sync`."""

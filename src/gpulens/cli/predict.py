@@ -97,7 +97,9 @@ def predict(
         )
     # checks the arguments before any reading
     target = Target(gpu, gpus, nodes, network_gbps, batch_size, workers)
-    prediction = predict_run(find_run(run), target, catalog)
+    record = find_run(run)
+    common.warn_unfinished(record)
+    prediction = predict_run(record, target, catalog)
     if json_out:
         common.emit_json(prediction.as_dict())
         return

@@ -145,6 +145,15 @@ def _knee(options: pd.DataFrame) -> int:
     return int(front.index[best[0]])  # on a tie, the cheaper
 
 
+def _usd(amount: float, other: float | None = None) -> str:
+    """Dollars to the cent; an amount given in finer steps (a budget) as given, and one whose
+    cents would equal ``other``'s (the budget it misses) to 1/100 cent."""
+    cents = f"${amount:,.2f}"
+    if other is None:
+        return cents if round(amount, 2) == amount else f"${amount:,g}"
+    return f"${amount:,.4f}" if cents == f"${other:,.2f}" else cents
+
+
 def recommend(
     options: pd.DataFrame, deadline_h: float | None, budget_usd: float | None
 ) -> tuple[int | None, str]:
@@ -161,10 +170,18 @@ def recommend(
     fastest = options.sort_values(["time_h", "cost_usd"]).index[0]
     cheapest = options.sort_values(["cost_usd", "time_h"]).index[0]
     if deadline_h is not None:
+        in_time = options[options["time_h_p90"] <= deadline_h]
+        if ok.empty and not in_time.empty:  # the budget is what nothing meets
+            pick = in_time.sort_values(["cost_usd", "time_h"]).index[0]
+            cost = options.at[pick, "cost_usd_p90"]
+            return int(pick), (
+                f"none that finishes within {deadline_h:g} h (p90) stays within "
+                f"{_usd(budget_usd)}: the cheapest that does costs {_usd(cost, budget_usd)} "
+                "at p90"
+            )
         if ok.empty:
-            what = "the deadline" + (" and the budget" if budget_usd is not None else "")
             return int(fastest), (
-                f"no configuration meets {what} (at p90); the fastest takes "
+                f"no configuration meets the deadline (at p90); the fastest takes "
                 f"{options.at[fastest, 'time_h_p90']:.2f} h at p90"
             )
         pick = ok.sort_values(["cost_usd", "time_h"]).index[0]
@@ -172,12 +189,13 @@ def recommend(
         return int(pick), f"the cheapest that finishes within {deadline_h:g} h (p90){within}"
     if budget_usd is not None:
         if ok.empty:
+            cost = options.at[cheapest, "cost_usd_p90"]
             return int(cheapest), (
-                f"no configuration stays within ${budget_usd:g} (at p90); the cheapest costs "
-                f"${options.at[cheapest, 'cost_usd_p90']:.2f} at p90"
+                f"no configuration stays within {_usd(budget_usd)} (at p90); the cheapest "
+                f"costs {_usd(cost, budget_usd)} at p90"
             )
         pick = ok.sort_values(["time_h", "cost_usd"]).index[0]
-        return int(pick), f"the fastest that stays within ${budget_usd:g} (p90)"
+        return int(pick), f"the fastest that stays within {_usd(budget_usd)} (p90)"
     return _knee(options), (
         "no deadline or budget: the knee of the Pareto front (the least time x cost), past "
         "which 1% faster costs more than 1% more"

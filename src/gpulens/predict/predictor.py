@@ -58,10 +58,12 @@ class Target:
                 flag = "--" + name.replace("_", "-")
                 raise UsageError(f"{flag} must be a whole number >= {low}, got {value!r}")
         gbps = self.network_gbps
-        if gbps is not None and (not isinstance(gbps, (int, float)) or not gbps > 0):
+        if gbps is not None and (not isinstance(gbps, (int, float)) or not 0 < gbps < math.inf):
             raise UsageError(f"--network-gbps must be a positive number, got {gbps!r}")
-        if self.nodes > 1 and gbps is None:
-            raise UsageError("--nodes above 1 needs the network between them: --network-gbps B")
+        if (self.nodes > 1) != (gbps is not None):  # the network is between nodes only
+            raise UsageError("--nodes above 1 needs the network between them: --network-gbps B"
+                             if gbps is None else "--network-gbps is the network between "
+                             "nodes: give --nodes M (2 or more) with it")  # fmt: skip
 
     @property
     def total_gpus(self) -> int:
