@@ -68,7 +68,7 @@ def _read_rows(path: Path) -> list[dict[str, str]]:
             if missing:
                 raise UsageError(
                     f"GPU catalog {path} lacks columns {', '.join(missing)}; "
-                    f"use the header of {CATALOG_PATH.name}"
+                    f"use the header of the bundled {CATALOG_PATH}"
                 )
             return list(reader)
     except OSError as exc:

@@ -125,7 +125,7 @@ def _rows(path: Path) -> list[dict]:
             if missing:
                 raise UsageError(
                     f"instance catalog {path} lacks columns {', '.join(missing)}; "
-                    f"use the header of {INSTANCES_PATH.name}"
+                    f"use the header of the bundled {INSTANCES_PATH}"
                 )
             return list(reader)
     except OSError as exc:
