@@ -216,7 +216,7 @@ HOST_PACED_FLOOR = Validated(
 # configuration on two machines, one taking the other's throughput as its prediction, classified
 # by batch.gpu_set_the_pace (the profiler window, else NVML's utilization); each configuration's
 # pairs averaged, then the configurations, so that one run on many machines does not outweigh
-# the rest (over all pairs: 0.8% and 18.2%). On one machine: 0.7% and 11.3% by the same rule.
+# the rest (over all pairs: 0.8% and 18.2%). On one machine: 0.9% and 11.8% (0.7% and 11.3%).
 # The host differs between machines with one GPU model, and a host-paced step follows it.
 RERUN_GPU_PACED = Validated(
     1.2,
