@@ -9,7 +9,8 @@ scored cases already committed (no GPU needed):
 - cross-GPU: ``predict_validation-...-six_ladders-*.json`` (one-GPU H100 <-> H200, kernel
   method), the GPU-bound ones at their validated error and all of them at the error assumed
   where none was validated (``validation.ASSUMED_ERROR``);
-- same GPU: ``predict_same_gpu-twenty_two_ladders-*.json`` (batch sizes by regime, 1 -> 2 GPUs),
+- same GPU: ``predict_same_gpu-twenty_two_ladders-*.json`` (batch sizes by regime, 1 -> 2 GPUs,
+  with session 33's H200 pair, ``predict_same_gpu-1455e5d-*-gpu_paced_pairs-*.json``),
   ``predict_same_gpu-ebb5908-NVIDIA_H200-x4-*.json`` (1 -> 4 GPUs) and
   ``predict_same_gpu-workers-seventeen_ladders-*.json`` (loader workers), each at the figure
   ``predict`` quotes for its regime.
@@ -35,6 +36,7 @@ CROSS = "predict_validation-H100_H200-records_and_ladders-six_ladders-2026-11-26
 SAME = "predict_same_gpu-twenty_two_ladders-H100_H200-2026-11-27.json"
 WORKERS = "predict_same_gpu-workers-seventeen_ladders-H100_H200-2026-11-27.json"
 FOUR = "predict_same_gpu-ebb5908-NVIDIA_H200-x4-2026-11-28.json"
+PAIR = "predict_same_gpu-1455e5d-NVIDIA_H200-x2-gpu_paced_pairs-2026-11-28.json"
 
 
 def _ratio(case: dict) -> float:
@@ -57,10 +59,11 @@ def groups() -> dict[str, tuple[float, list[float], str]]:
     for regime in ("batch_up", "batch_up_host_bound", "batch_down_probed", "batch_down"):
         cases = [c for c in same["batch_cases"] if c["regime"] == regime]
         out[f"same GPU, {regime}"] = (VALIDATED[regime].mape_pct, [_ratio(c) for c in cases], SAME)
+    pair = json.loads((RESULTS / PAIR).read_text())["gpus_cases"]
     for host_paced, regime in ((False, "multi_gpu_same_gpu"), (True, "multi_gpu_host_paced")):
-        cases = [c for c in same["gpus_cases"] if c["host_paced"] == host_paced]
+        cases = [c for c in same["gpus_cases"] + pair if c["host_paced"] == host_paced]
         out[f"1 -> 2 GPUs, {regime}"] = (
-            VALIDATED[regime].mape_pct, [_ratio(c) for c in cases], SAME)  # fmt: skip
+            VALIDATED[regime].mape_pct, [_ratio(c) for c in cases], f"{SAME} + {PAIR}")  # fmt: skip
     four = json.loads((RESULTS / FOUR).read_text())["gpus_more_cases"]
     for host_paced, regime in ((False, "multi_gpu_same_gpu"), (True, "multi_gpu_host_paced")):
         cases = [c for c in four if c["host_paced"] == host_paced and c["to_gpus"] == 4]

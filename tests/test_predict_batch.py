@@ -426,14 +426,23 @@ def test_the_validated_figures_are_the_committed_measurements():
         "batch_up_host_bound": "regime_batch_up_host_bound",
         "batch_down": "regime_batch_down",
         "batch_down_probed": "regime_batch_down_probed",
-        "multi_gpu_same_gpu": "gpus_1_to_2_gpu_paced",
-        "multi_gpu_host_paced": "gpus_1_to_2_host_paced",
     }
     for method, row in pairs.items():
         assert VALIDATED[method].mape_pct == pytest.approx(
             doc["summary"][row]["mape_pct"], abs=0.05
         )
         assert VALIDATED[method].cases == doc["summary"][row]["cases"]
+    # 1 -> 2 GPUs: the ladders' pairs pooled with the H200 pair of session 33
+    later = json.loads(
+        next(results.glob("predict_same_gpu-1455e5d-*-gpu_paced_pairs-*.json")).read_text()
+    )
+    for method, row in (("multi_gpu_same_gpu", "gpus_1_to_2_gpu_paced"),
+                        ("multi_gpu_host_paced", "gpus_1_to_2_host_paced")):  # fmt: skip
+        parts = [d["summary"][row] for d in (doc, later)]
+        cases = sum(p["cases"] for p in parts)
+        pooled = sum(p["mape_pct"] * p["cases"] for p in parts) / cases
+        assert VALIDATED[method].mape_pct == pytest.approx(pooled, abs=0.05)
+        assert VALIDATED[method].cases == cases
     workers = json.loads(
         (
             results / "predict_same_gpu-workers-seventeen_ladders-H100_H200-2026-11-27.json"

@@ -127,15 +127,18 @@ VALIDATED: dict[str, Validated] = {
     # than the run's step is held to the step (session 21, seen on 6a4684a and 0e59411). The
     # wait for the slowest rank was chosen on those 64 (7.6% on them, 65 with it) and e893365
     # measured after it: 9.7% over 100 run by run (12.0% without it), 5.1% on medians of 5.
+    # Session 33 added an H200 pair measured after every rule (1455e5d, gpu_paced_pairs): 12
+    # GPU-paced cases at 1.0% and 4 host-paced at 4.1%, pooled with the ladders' 17 (3.5%) and
+    # 165 (8.9%).
     "multi_gpu_same_gpu": Validated(
-        3.5,
-        17,
+        2.5,
+        29,
         "1 -> 2 GPUs (DDP over NVLink) on H200 pairs where the GPU sets the pace, all-reduce "
         "uncalibrated: resnet18, resnet50, vgg16, vit_b_16, gpt2",
     ),
     "multi_gpu_host_paced": Validated(
-        8.9,
-        165,
+        8.8,
+        169,
         "1 -> 2 GPUs on H200 pairs where the host's pace, as long as the slowest rank's, plus "
         "DDP's host time per gradient tensor bound the step (9.7% on the 100 pairs measured "
         "after that rule, single runs, which move 11% from process to process)",
