@@ -161,3 +161,13 @@ def test_sync_without_mlflow(monkeypatch, tmp_path):
     result = runner.invoke(runs_app, ["sync", "--uri", f"sqlite:///{tmp_path / 'none.db'}"])
     assert isinstance(result.exception, MissingExtraError)
     assert "pip install 'gpulens[store]'" in str(result.exception)
+
+
+def test_numbers_in_tables_read_plainly():
+    """A rate never in exponent notation; an interval's bounds at 4 digits, not 16."""
+    from gpulens.cli.runs import _fmt, _rate
+
+    assert _rate(13150.4).plain == "13,150" and _rate(7082.0).plain == "7,082"
+    assert _rate(49.28).plain == "49.28" and _rate(None).plain == "-"
+    assert _fmt([5417.2985061388745, 6302.922270120006]) == "[5417, 6303]"
+    assert _fmt({"a": 1}) == '{"a": 1}'

@@ -69,9 +69,18 @@ def _fmt(value: Any) -> str:
         return str(value).lower()
     if isinstance(value, float):
         return f"{value:.4g}" if abs(value) < 1e15 else f"{value:.3e}"
+    if isinstance(value, (list, tuple)) and all(isinstance(v, (int, float)) for v in value):
+        return "[" + ", ".join(_fmt(v) for v in value) + "]"  # an interval: 4 digits each
     if isinstance(value, (list, tuple, dict)):
         return json.dumps(value, default=str)
     return str(value)
+
+
+def _rate(value: Any) -> Text:
+    """Samples/s: whole numbers with separators from 100 up, never an exponent."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 100:
+        return Text(f"{value:,.0f}")
+    return _cell(value)
 
 
 def _when(iso: str | None, seconds: bool = True) -> str:
@@ -115,7 +124,7 @@ _LIST_COLUMNS: list[tuple[str, Any, int, dict[str, Any]]] = [
     ("status", lambda r: _status(r["status"]), 8, {}),
     ("created", lambda r: Text(_when(r["created_at"], seconds=False)), 11, {}),
     ("dur s", lambda r: _cell(r["duration_s"]), 5, {"justify": "right"}),
-    ("samples/s", lambda r: _cell(r["throughput_samples_per_s"]), 9, {"justify": "right"}),
+    ("samples/s", lambda r: _rate(r["throughput_samples_per_s"]), 9, {"justify": "right"}),
     ("workload", lambda r: _cell(r["workload"]), 10, {"overflow": "ellipsis", "ratio": 2}),
     ("device", lambda r: _cell(r["device"]), 6, {"overflow": "ellipsis", "ratio": 1}),
     (
