@@ -25,6 +25,7 @@ import tarfile
 import tempfile
 from collections import defaultdict
 from pathlib import Path
+from types import SimpleNamespace
 
 from gpulens.errors import UsageError
 from gpulens.predict import roofline
@@ -145,9 +146,17 @@ def kernel_time_case(src_rec, truth_rec, src_gpu: str, tgt_gpu: str) -> dict | N
     }
 
 
-def cases(points: list[dict]) -> list[dict]:
+def without_window(rec):
+    """The record as one without a profiler window: what `predict` does for such a run (the
+    whole-step method) scored on the same cases."""
+    meta = {k: v for k, v in rec.meta.items() if k != "torch_profiler"}
+    return SimpleNamespace(meta=meta, dir=rec.dir, status=rec.status, run_id=rec.run_id)
+
+
+def cases(points: list[dict], no_window: bool = False) -> list[dict]:
     """Every record on one GPU predicting every measurement of the same key on another GPU
-    (and, for a 1-GPU record, the same key at 2 GPUs)."""
+    (and, for a 1-GPU record, the same key at 2 GPUs); ``no_window``: each source read as
+    if it had no profiler window."""
     out = []
     by_key = defaultdict(list)
     for p in points:
@@ -162,7 +171,8 @@ def cases(points: list[dict]) -> list[dict]:
                 if key[3] in LOADER_ROLES and cpus_differ:
                     continue  # a loader-bound run on a host with other CPUs: not comparable
                 try:
-                    pred = predict_run(src["record"], Target(truth["gpu"], gpus))
+                    source = without_window(src["record"]) if no_window else src["record"]
+                    pred = predict_run(source, Target(truth["gpu"], gpus))
                 except UsageError as exc:
                     print(f"skipped {src['source']}: {exc}", file=sys.stderr)
                     continue
@@ -171,7 +181,7 @@ def cases(points: list[dict]) -> list[dict]:
                     "role": key[3], "workers": key[4], "gpus": gpus,
                     "from": f"{src['gpu']} {src['source']}",
                     "to": f"{truth['gpu']} {truth['source']}",
-                    "method": pred.method,
+                    "method": pred.method, "regimes": list(pred.regimes),
                     "predicted_samples_per_s": pred.throughput_samples_per_s,
                     "measured_samples_per_s": truth["tput"],
                     "source_samples_per_s": src["tput"],
@@ -237,6 +247,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="*", type=Path)
     ap.add_argument("--out", type=Path)
+    ap.add_argument(
+        "--no-window",
+        action="store_true",
+        help="predict each source as if it had no profiler window (the whole-step method)",
+    )
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         paths = args.runs or sorted(RESULTS.glob("stalls-resnet50*records*.tgz")) + sorted(
@@ -251,7 +266,7 @@ def main() -> int:
                 continue
         if not args.runs:
             points += committed_points()
-        rows = cases(points)
+        rows = cases(points, args.no_window)
     print(f"{'case':<52} {'method':<20} {'pred':>8} {'meas':>8} {'err%':>6} {'naive%':>7}")
     for r in rows:
         case = f"{r['workload']} b{r['batch_size']} {r['role']} w{r['workers']} -> {r['to'][:24]}"
