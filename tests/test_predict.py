@@ -682,3 +682,13 @@ def test_a_run_that_did_not_finish_is_predicted_with_a_warning(capsys, tmp_path)
     code, out, err = cli(capsys, "predict", str(run), "--gpu", "H200", "--json")
     assert code == 0 and json.loads(out)["throughput_samples_per_s"] > 0
     assert "ended failed" in err and "predict from a finished run" in err
+
+
+def test_the_table_shows_what_the_run_measured_beside_the_prediction(capsys):
+    code, out, err = cli(capsys, "predict", str(SYNTHETIC), "--gpu", "H200")
+    assert code == 0, err
+    text = " ".join(out.split())
+    measured = read_record(SYNTHETIC).meta["summary"]["throughput_samples_per_s"]
+    assert "measured" in text and "predicted" in text
+    assert f"{measured:,.1f} samples/s" in text  # the run's own figure, beside the prediction
+    assert "1x H100-SXM" in text and "1x H200" in text

@@ -87,6 +87,7 @@ def predict(
     json_out: bool = typer.Option(False, "--json", help=common.JSON_HELP),
 ) -> None:
     from gpulens.errors import UsageError
+    from gpulens.predict.features import run_facts
     from gpulens.predict.predictor import Target, predict_run
     from gpulens.store.queries import find_run
 
@@ -104,20 +105,7 @@ def predict(
         common.emit_json(prediction.as_dict())
         return
     out = common.out
-    t = prediction.target
-    where = f"{t.gpus}x {prediction.target_gpu}" + (f" x {t.nodes} nodes" if t.nodes > 1 else "")
-    table = Table(title=f"{prediction.source_run} ({prediction.source_gpu})")
-    table.add_column("")
-    table.add_column("predicted", justify="right")
-    table.add_row("on", where)
-    table.add_row("batch per GPU", f"{t.batch_size}")
-    if t.workers:
-        table.add_row("loader workers", f"{t.workers}")
-    table.add_row("step time", f"{prediction.step_time_s * 1e3:.2f} ms")
-    table.add_row("throughput", f"{prediction.throughput_samples_per_s:,.1f} samples/s")
-    for name, value in prediction.components_s.items():
-        table.add_row(f"  {name}", f"{value * 1e3:.2f} ms")
-    out.print(table)
+    out.print(_table(prediction, run_facts(record), record.meta.get("summary") or {}))
     err = prediction.validated_error_pct
     where = f"; regime: {', '.join(prediction.regimes)}" if prediction.regimes else ""
     if err is not None:
@@ -131,6 +119,40 @@ def predict(
     out.print(Text(f"method: {prediction.method}, error {validated}"), highlight=False)
     for note in prediction.notes:
         out.print(Text(f"  {note}"), highlight=False)
+
+
+def _table(prediction, facts, summary: dict) -> Table:
+    """The prediction beside what the run measured, row by row."""
+    t = prediction.target
+    where = f"{t.gpus}x {prediction.target_gpu}" + (f" x {t.nodes} nodes" if t.nodes > 1 else "")
+    tput = summary.get("throughput_samples_per_s")
+    ms = lambda s: f"{s * 1e3:.2f} ms"  # noqa: E731
+    measured = {
+        "on": f"{facts.gpus}x {prediction.source_gpu}",
+        "batch per GPU": f"{facts.batch_size}",
+        "loader workers": f"{facts.workers}",
+        "step time": ms(facts.step_s),
+        "throughput": f"{tput:,.1f} samples/s" if tput else "-",
+        "  compute": ms(facts.compute_s),
+        "  communication": "-",  # inside compute in a measured DDP step
+        "  data": ms(facts.data_wait_s + facts.h2d_s),
+    }
+    predicted = {
+        "on": where,
+        "batch per GPU": f"{t.batch_size}",
+        "loader workers": f"{t.workers}",
+        "step time": ms(prediction.step_time_s),
+        "throughput": f"{prediction.throughput_samples_per_s:,.1f} samples/s",
+        **{f"  {k}": ms(v) for k, v in prediction.components_s.items()},
+    }
+    table = Table(title=f"{prediction.source_run} ({prediction.source_gpu})")
+    for name in ("", "measured", "predicted"):
+        table.add_column(name, justify="right" if name else "left")
+    for row, value in predicted.items():
+        if row == "loader workers" and not (t.workers or facts.workers):
+            continue
+        table.add_row(row, measured.get(row, "-"), value)
+    return table
 
 
 def fit(
