@@ -323,3 +323,28 @@ def test_a_failed_training_run_reaches_the_store(capsys, monkeypatch):
     assert code == 1 and "boom in the loop" in err
     (record_dir,) = logged
     assert json.loads((record_dir / "run.json").read_text())["status"] == "failed"
+
+
+@pytest.mark.parametrize(
+    "args,fragment",
+    [
+        (["ui", "--port", "99999"], "--port must be 0-65535"),
+        (["data", "make", "images", "--out", "/proc/gpulens-nowhere", "--n", "5"], "cannot create"),
+    ],
+)
+def test_bad_places_give_one_line_not_an_internal_error(
+    capsys, tmp_path, monkeypatch, args, fragment
+):
+    monkeypatch.setenv("GPULENS_HOME", str(tmp_path / "home"))
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert fragment in err and "internal error" not in err
+
+
+def test_a_report_onto_a_folder_names_the_fix(tmp_path):
+    from gpulens.cli.report import _write_whole
+    from gpulens.errors import UsageError
+
+    with pytest.raises(UsageError, match="it is a folder"):
+        _write_whole(tmp_path, "<html></html>")
+    assert list(tmp_path.iterdir()) == []  # nothing half-written beside it

@@ -213,3 +213,15 @@ def test_long_lines_keep_their_peaks_and_histograms_count_every_step():
     fig = figures.step_time_figure({"hour": steps_ms})
     assert sum(fig.data[0].y) == len(steps_ms)  # counted on the server; the tail in the last bin
     assert len(fig.data[0].x) == figures.HISTOGRAM_BINS
+
+
+def test_a_closed_loop_load_run_reports_without_an_intended_rate():
+    """`load --concurrency` intends no rate (null): its facts line shows the achieved one."""
+    from gpulens.report.serving import load_facts
+
+    summary = {"url": "http://x", "tenants": {"m": {"achieved_rate_rps": 41.5,
+               "intended_rate_rps": None, "latency_ms": {"p50": 2.0}, "slo_ms": None}}}  # fmt: skip
+    facts = dict(load_facts(summary))
+    assert facts["m"].startswith("41.5 req/s")
+    summary["tenants"]["m"]["intended_rate_rps"] = 50.0
+    assert dict(load_facts(summary))["m"].startswith("41.5 of 50.0 req/s")

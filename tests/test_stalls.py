@@ -665,3 +665,18 @@ def test_the_stall_runner_keeps_the_books_for_any_backend():
     with_workers = StallRunner(backend, StallResult("w", "cpu"))
     with_workers.result.throughput["cached"] = 100.0
     assert "workers" in with_workers.finish(m_free, m_cached, None, 4, 2048.0, None).what_if
+
+
+def test_pooled_runs_of_a_wrapped_command_weigh_by_their_measured_steps():
+    """A `stalls -- python script.py` run records no measured wall time (report crashed on it)."""
+    from gpulens.run import RunResult
+    from gpulens.stalls import pooled
+
+    runs = [
+        RunResult(run_id=i, record_dir=Path(i), kind="command", summary={
+            "throughput_samples_per_s": rate, "throughput_ci95_pct": 4.0,
+            "measured_wall_s": None, "measured_steps": steps})
+        for i, rate, steps in (("a", 100.0, 30), ("b", 50.0, 10))
+    ]  # fmt: skip
+    got = pooled(runs)
+    assert got.per_sample_s == pytest.approx((0.010 * 30 + 0.020 * 10) / 40)

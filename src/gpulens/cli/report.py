@@ -35,6 +35,10 @@ def _write_whole(out: Path, text: str) -> Path:
     out = out.expanduser()
     if not out.parent.is_dir():
         raise UsageError(f"cannot write {out}: folder {out.parent} does not exist")
+    if out.is_dir():
+        raise UsageError(
+            f"cannot write {out}: it is a folder; give a file name (-o {out}/report.html)"
+        )
     fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:

@@ -34,6 +34,8 @@ def ui(
         raise UsageError(
             "gpulens ui needs plotly, which this install lacks: pip install 'gpulens[ui]'"
         ) from None
+    if not 0 <= port <= 65535:
+        raise UsageError(f"--port must be 0-65535 (0: any free one), got {port}")
     from gpulens.web.server import make_server
 
     server, url = make_server(host, port, token)

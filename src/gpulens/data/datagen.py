@@ -79,11 +79,16 @@ def _atomic_dir(out: str | os.PathLike, force: bool) -> Iterator[Path]:
             raise UsageError(f"{out} exists and is a file: choose another --out")
         if any(out.iterdir()) and not force:
             raise UsageError(f"{out} exists and is not empty: choose another --out or pass --force")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_partials(out)
     tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_partials(out)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    except OSError as exc:
+        raise UsageError(
+            f"cannot create {out}: {exc.strerror or exc}; choose an --out you can write to"
+        ) from None
     try:
         yield tmp
         if out.exists():

@@ -33,7 +33,10 @@ def load_facts(summary: dict[str, Any]) -> list[tuple[str, str]]:
         attain = t.get("slo_attainment")
         facts.append((
             f"{model}",
-            f"{t.get('achieved_rate_rps', 0):,.1f} of {t.get('intended_rate_rps', 0):,.1f} req/s"
+            f"{t.get('achieved_rate_rps') or 0:,.1f}"
+            + (f" of {t['intended_rate_rps']:,.1f}" if t.get("intended_rate_rps") is not None
+               else "")  # a closed loop (concurrency) intends no rate
+            + " req/s"
             f" · p50/p99/p99.9 {_ms(lat.get('p50'))}/{_ms(lat.get('p99'))}/{_ms(lat.get('p999'))}"
             " ms"
             + (f" · SLO {slo:g} ms met by {100 * attain:.1f}%" if slo and attain is not None

@@ -39,17 +39,23 @@ def measure_run(result: RunResult | None) -> Measured | None:
     return Measured(t, t * (ci_pct if ci_pct is not None else math.inf) / 100.0)
 
 
+def _samples(summary: dict) -> float:
+    """The samples a run measured, its weight in a pool; a wrapped command's run records its
+    steps' throughput but no measured wall time: its measured steps stand in (equal weights
+    where neither is known)."""
+    tput, wall = summary.get("throughput_samples_per_s"), summary.get("measured_wall_s")
+    if tput and wall:
+        return tput * wall
+    return float(summary.get("measured_steps") or 1)
+
+
 def pooled(passes: list[RunResult]) -> Measured | None:
     """Several runs of the same thing as one: time per sample weighted by the samples each run
     measured. Its interval combines the runs' own errors and, when the runs disagree by more
     than those allow, the spread between runs (DerSimonian-Laird random effects): on a VM, one
     cold pass can read at another speed than the next, and a run's own interval cannot see
     that."""
-    parts = [
-        (m, r.summary.get("throughput_samples_per_s") * r.summary.get("measured_wall_s"))
-        for r in passes
-        if (m := measure_run(r)) is not None
-    ]
+    parts = [(m, _samples(r.summary)) for r in passes if (m := measure_run(r)) is not None]
     if not parts:
         return None
     t, var, tau2 = pool_estimates(
