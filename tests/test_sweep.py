@@ -11,6 +11,7 @@ import sys
 import time
 
 import pytest
+from signals import default_sigint
 
 from gpulens.cli import main
 from gpulens.errors import UsageError
@@ -183,3 +184,29 @@ def test_the_summary_table_shows_what_differs_between_cells_and_why_a_cell_faile
     assert "every cell: workload=tiny_cnn steps=2" in text
     assert "123.5" in text and "20261125-000000-abcdef" in text  # never cut at 80 columns
     assert "error: --batch-size must be > 0" in " ".join(text.split())  # wrapped, whole
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_sweep_and_leaves_the_rest_for_resume(tmp_path):
+    """SIGINT to the sweep alone (as `timeout -s INT` sends it): the running cell is stopped
+    and not retried, no other cell starts, and the unfinished cells wait for --resume."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC.replace("steps: 2", "steps: 400"))  # cells long enough to interrupt
+    sweep_dir = tmp_path / "sweep"
+    cmd = [sys.executable, "-m", "gpulens.cli", "sweep", str(spec), "--out", str(sweep_dir)]
+    proc = subprocess.Popen([*cmd, "--retries", "2"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, preexec_fn=default_sigint)  # fmt: skip
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # SIGINT once a cell is running
+        states = _states(sweep_dir) if (sweep_dir / "cells").exists() else {}
+        if any(s["status"] == "running" for s in states.values()):
+            break
+        time.sleep(0.2)
+    time.sleep(3)
+    stopped_at = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 130
+    assert time.monotonic() - stopped_at < 45
+    states = _states(sweep_dir)
+    assert all(s["attempts"] <= 1 for s in states.values())  # nothing retried
+    assert sum(s["status"] == "done" for s in states.values()) < len(states)

@@ -31,16 +31,26 @@ def _die_with_parent() -> None:
         pass
 
 
-def run_gpulens(args: list[str], env_overrides: dict[str, str] | None = None) -> ChildResult:
+def run_gpulens(
+    args: list[str], env_overrides: dict[str, str] | None = None, running: set | None = None
+) -> ChildResult:
     """Run ``python -m gpulens.cli <args>`` and wait; ``env_overrides`` are added to the
-    environment (CUDA_VISIBLE_DEVICES for the cell's GPUs)."""
+    environment (CUDA_VISIBLE_DEVICES for the cell's GPUs). ``running`` holds the child while
+    it runs, so that whoever stops the sweep can pass the stop on."""
     env = {**os.environ, **(env_overrides or {})}
-    proc = subprocess.run(
+    proc = subprocess.Popen(
         [sys.executable, "-m", "gpulens.cli", *args],
         env=env,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        check=False,
         preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
     )
-    return ChildResult(proc.returncode, proc.stdout, proc.stderr)
+    if running is not None:
+        running.add(proc)
+    try:
+        stdout, stderr = proc.communicate()
+    finally:
+        if running is not None:
+            running.discard(proc)
+    return ChildResult(proc.returncode, stdout, stderr)

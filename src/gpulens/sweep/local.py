@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -42,6 +43,8 @@ class LocalExecutor:
         self.slots = slots if slots is not None else gpu_slots()
         self._free = list(self.slots)
         self._cond = threading.Condition()
+        self._stopping = threading.Event()
+        self._running: set = set()  # the cells' child processes now
 
     def _take(self, n: int) -> list[str]:
         n = min(n, len(self.slots))  # a cell asking for more GPUs than exist gets all of them
@@ -57,21 +60,32 @@ class LocalExecutor:
             self._cond.notify_all()
 
     def _one(self, cell: Cell, on_start: OnStart, on_done: OnDone) -> None:
-        again = True
+        again = not self._stopping.is_set()
         while again:
             taken = self._take(cell.gpus)
             try:
                 on_start(cell)
                 env = {"CUDA_VISIBLE_DEVICES": ",".join(taken)} if any(taken) else {}
-                result = run_gpulens(cell.argv(), env)
+                result = run_gpulens(cell.argv(), env, self._running)
             finally:
                 self._give(taken)
-            again = on_done(cell, result)
+            # an interrupted sweep retries nothing: the cell stays unfinished for --resume
+            again = on_done(cell, result) and not self._stopping.is_set()
 
     def run(self, cells: list[Cell], on_start: OnStart, on_done: OnDone) -> None:
-        """Run every cell (and its retries); returns when all are finished."""
+        """Run every cell (and its retries); returns when all are finished. Interrupted
+        (Ctrl-C), it passes the interrupt to the running cells, starts no other, and raises
+        once those have ended."""
         if not cells:
             return
-        with ThreadPoolExecutor(max_workers=len(self.slots)) as pool:
+        pool = ThreadPoolExecutor(max_workers=len(self.slots))
+        try:
             for future in [pool.submit(self._one, c, on_start, on_done) for c in cells]:
                 future.result()
+        except BaseException:
+            self._stopping.set()
+            for proc in list(self._running):
+                proc.send_signal(signal.SIGINT)  # a terminal's Ctrl-C reached them already
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+        pool.shutdown()
