@@ -271,6 +271,32 @@ def test_ctrl_c_of_a_real_run_exits_130_with_a_killed_record(tmp_path):
     assert "interrupted (Ctrl-C)" in err
 
 
+def test_ctrl_c_of_a_wrapped_command_exits_130_too(tmp_path):
+    """The Ctrl-C is passed on to the command, which ends by it: gpulens says "interrupted"
+    and exits 130 as for a built-in run (it said "the command ended with exit code -2", 1)."""
+    import glob
+    import os
+    import signal
+
+    env = dict(os.environ, GPULENS_HOME=str(tmp_path))
+    script = "import time\nfor _ in range(600): time.sleep(0.1)\n"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpulens.cli", "run", "--no-store", "--json", "--",
+         sys.executable, "-c", script],
+        env=env, preexec_fn=default_sigint, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    deadline = time.time() + 60
+    while not glob.glob(str(tmp_path / "runs" / "*" / "run.json")) and time.time() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.5)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    assert json.loads(out)["status"] == "killed"  # one document: the run's, complete
+    assert "interrupted (Ctrl-C)" in err
+
+
 def test_main_reads_its_own_arguments_not_sys_argv(capsys, gpulens_home, monkeypatch):
     """`--` in main(argv) means a command follows, whatever sys.argv holds (in-process calls)."""
     monkeypatch.setattr(sys, "argv", ["pytest"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from typing import Any
 
 import typer
@@ -346,6 +347,8 @@ def run_command(
         common.emit_json(command_json(result))
     else:
         render_command_summary(common.out, result)
+    if result.status == "killed" and result.returncode in (-signal.SIGINT, 128 + signal.SIGINT):
+        raise KeyboardInterrupt  # a Ctrl-C passed on to the command: gpulens's exit 130
     if result.returncode != 0 and result.summary.get("stop_reason") != "duration":
         raise CommandFailed(result)
 
