@@ -171,3 +171,27 @@ def test_numbers_in_tables_read_plainly():
     assert _rate(49.28).plain == "49.28" and _rate(None).plain == "-"
     assert _fmt([5417.2985061388745, 6302.922270120006]) == "[5417, 6303]"
     assert _fmt({"a": 1}) == '{"a": 1}'
+
+
+def test_a_long_command_line_leaves_status_and_rate_in_sight(tmp_path, monkeypatch):
+    """On an 80-column terminal a wrapped command's long workload cell is cut, not the
+    status and samples/s columns (rich had squeezed them to nothing)."""
+    import io
+
+    from rich.console import Console
+
+    import gpulens.cli.common as common
+
+    runs = tmp_path / "runs"
+    w = RunWriter(runs, kind="command", run_id="20261128-000000-abcdef")
+    long = "python examples/train_plain.py --batch-size 32 --model resnet18 --steps 100000"
+    w.update(summary={"workload": long, "throughput_samples_per_s": 13150.4})
+    w.finish()
+    monkeypatch.setenv("GPULENS_HOME", str(tmp_path))
+    buf = io.StringIO()
+    monkeypatch.setattr(common, "out", Console(file=buf, width=80))
+    result = runner.invoke(runs_app, ["list"])
+    assert result.exit_code == 0, result.output
+    text = buf.getvalue()
+    assert "status" in text and "samples/s" in text and "finished" in text
+    assert "13,150" in text and all(len(line) <= 80 for line in text.splitlines())

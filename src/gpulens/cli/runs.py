@@ -191,8 +191,14 @@ def list_runs(
         pad_edge=False,
     )
     columns = _fit_columns(common.out.width)
+    # the flexible columns share what is left, never more: a long command line in "workload"
+    # would otherwise squeeze status and samples/s out of sight
+    slack = max(0, common.out.width - sum(c[2] + 3 for c in columns))
+    ratios = sum(c[3].get("ratio", 0) for c in columns) or 1
     for header, _, width, kwargs in columns:
-        table.add_column(header, no_wrap=True, min_width=width, **kwargs)
+        share = slack * kwargs["ratio"] // ratios if "ratio" in kwargs else None
+        extra = {"max_width": width + share} if share is not None else {}
+        table.add_column(header, no_wrap=True, min_width=width, **kwargs, **extra)
     for row in rows:
         table.add_row(*(cell(row) for _, cell, _, _ in columns))
     common.out.print(table)
