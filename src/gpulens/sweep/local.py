@@ -63,6 +63,9 @@ class LocalExecutor:
         again = not self._stopping.is_set()
         while again:
             taken = self._take(cell.gpus)
+            if self._stopping.is_set():  # it waited for GPUs while the sweep was stopped
+                self._give(taken)
+                return
             try:
                 on_start(cell)
                 env = {"CUDA_VISIBLE_DEVICES": ",".join(taken)} if any(taken) else {}
