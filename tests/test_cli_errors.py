@@ -232,8 +232,20 @@ def test_colocate_logs_its_record_to_the_store(capsys, gpulens_home, monkeypatch
 
 
 @pytest.mark.slow
-def test_ctrl_c_of_a_real_run_exits_130_with_a_killed_record(tmp_path):
+def _ctrl_c_once_recorded(proc, home, after_s: float) -> tuple[str, str]:
+    """SIGINT to ``proc`` ``after_s`` after its run record appears in ``home``; its output."""
     import glob
+    import signal
+
+    deadline = time.time() + 60
+    while not glob.glob(str(home / "runs" / "*" / "run.json")) and time.time() < deadline:
+        time.sleep(0.05)
+    time.sleep(after_s)
+    proc.send_signal(signal.SIGINT)
+    return proc.communicate(timeout=60)
+
+
+def test_ctrl_c_of_a_real_run_exits_130_with_a_killed_record(tmp_path):
     import os
     import signal
 
@@ -258,12 +270,7 @@ def test_ctrl_c_of_a_real_run_exits_130_with_a_killed_record(tmp_path):
         stderr=subprocess.PIPE,
         text=True,
     )
-    deadline = time.time() + 60
-    while not glob.glob(str(tmp_path / "runs" / "*" / "run.json")) and time.time() < deadline:
-        time.sleep(0.05)
-    time.sleep(1.0)
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
+    out, err = _ctrl_c_once_recorded(proc, tmp_path, after_s=1.0)
     # 130, or killed by SIGINT (-2), which a shell also reports as 130: Python ends that way when
     # a KeyboardInterrupt escapes at shutdown (seen about 1 run in 10 under load).
     assert proc.returncode in (130, -signal.SIGINT), err[-2000:]
@@ -274,9 +281,7 @@ def test_ctrl_c_of_a_real_run_exits_130_with_a_killed_record(tmp_path):
 def test_ctrl_c_of_a_wrapped_command_exits_130_too(tmp_path):
     """The Ctrl-C is passed on to the command, which ends by it: gpulens says "interrupted"
     and exits 130 as for a built-in run (it said "the command ended with exit code -2", 1)."""
-    import glob
     import os
-    import signal
 
     env = dict(os.environ, GPULENS_HOME=str(tmp_path))
     script = "import time\nfor _ in range(600): time.sleep(0.1)\n"
@@ -286,12 +291,7 @@ def test_ctrl_c_of_a_wrapped_command_exits_130_too(tmp_path):
         env=env, preexec_fn=default_sigint, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True,
     )  # fmt: skip
-    deadline = time.time() + 60
-    while not glob.glob(str(tmp_path / "runs" / "*" / "run.json")) and time.time() < deadline:
-        time.sleep(0.05)
-    time.sleep(1.5)
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
+    out, err = _ctrl_c_once_recorded(proc, tmp_path, after_s=1.5)
     assert proc.returncode == 130, err[-2000:]
     assert json.loads(out)["status"] == "killed"  # one document: the run's, complete
     assert "interrupted (Ctrl-C)" in err
