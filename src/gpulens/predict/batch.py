@@ -161,8 +161,7 @@ def run_gpu_paced(record) -> bool:
     fill = None
     if facts.trace is not None and facts.trace_steps > 0:
         fill = gpu_fill(facts.trace, facts.trace_steps, facts.step_s)
-    gpu = (record.meta.get("summary") or {}).get("gpu") or {}
-    return gpu_set_the_pace(fill, gpu.get("gpu_util_pct"))
+    return gpu_set_the_pace(fill, facts.gpu_util_pct)
 
 
 def launch_gaps_s(device: list[dict]) -> float:

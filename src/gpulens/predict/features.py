@@ -120,6 +120,12 @@ def _compute_steps_s(steps) -> tuple[float, ...]:
     return tuple(sorted(float(v) for v in vals if v > 0 and math.isfinite(v)))
 
 
+def loader_workers(meta: dict) -> int:
+    """A run's loader workers; older records kept them in the config only."""
+    s, eff = meta.get("summary") or {}, meta.get("effective_config") or {}
+    return int(s.get("workers") if s.get("workers") is not None else eff.get("workers") or 0)
+
+
 def run_facts(record) -> RunFacts:
     """The facts of ``record`` (a RunRecord); UsageError naming the fix for a run that has no
     measured training steps or no GPU."""
@@ -158,8 +164,7 @@ def run_facts(record) -> RunFacts:
         gpu_busy_s=_gpu_busy_s(steps),
         flops_per_sample=_num(s.get("flops_per_sample")),
         dram_bw_util_pct=_num(gpu.get("dram_bw_util_pct")),
-        # older records kept the loader's workers in the config only
-        workers=int(s.get("workers") if s.get("workers") is not None else eff.get("workers") or 0),
+        workers=loader_workers(meta),
         ddp_bucket_mb=_num(eff.get("ddp_bucket_mb")),
         trace=trace if trace is not None and trace.is_file() else None,
         trace_steps=int(prof.get("steps") or 0),

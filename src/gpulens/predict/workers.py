@@ -13,6 +13,7 @@ import pandas as pd
 
 from gpulens.data.loader_scaling import pace_at
 from gpulens.errors import UsageError
+from gpulens.predict.features import loader_workers
 
 log = logging.getLogger(__name__)
 
@@ -99,12 +100,6 @@ def _loader_runs(job: str, metas: list[dict]) -> list[dict]:
     return out
 
 
-def _workers(meta: dict) -> int:
-    """The run's loader workers; older records kept them in the config only (as run_facts)."""
-    s, eff = meta.get("summary") or {}, meta.get("effective_config") or {}
-    return int(s.get("workers") if s.get("workers") is not None else eff.get("workers") or 0)
-
-
 def curve_for_job(job: str, metas: list[dict], cpus: int, run: dict | None = None) -> Curve:
     """The job's curve from the store's run.json documents (oldest first): measured where runs
     at two or more worker counts exist (same batch size and GPU as the newest, or as ``run``,
@@ -134,7 +129,9 @@ def curve_for_job(job: str, metas: list[dict], cpus: int, run: dict | None = Non
     for meta in runs:
         s = meta["summary"]
         if same(s):
-            by_workers.setdefault(_workers(meta), []).append(float(s["throughput_samples_per_s"]))
+            by_workers.setdefault(loader_workers(meta), []).append(
+                float(s["throughput_samples_per_s"])
+            )
     if len(by_workers) >= 2:
         ws = sorted(by_workers)
         tput = tuple(statistics.median(by_workers[w]) for w in ws)
@@ -146,7 +143,7 @@ def curve_for_job(job: str, metas: list[dict], cpus: int, run: dict | None = Non
         int(newest.get("batch_size") or 1),
         _num(phases.get("step")) or 0.0,
         _num(phases.get("data_wait")) or 0.0,
-        _workers(runs[-1]),
+        loader_workers(runs[-1]),
         cpus,
         host_cpus(runs[-1]),
     )
