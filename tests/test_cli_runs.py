@@ -195,3 +195,30 @@ def test_a_long_command_line_leaves_status_and_rate_in_sight(tmp_path, monkeypat
     text = buf.getvalue()
     assert "status" in text and "samples/s" in text and "finished" in text
     assert "13,150" in text and all(len(line) <= 80 for line in text.splitlines())
+
+
+def test_store_list_total_is_honest_and_kind_filters(tmp_path, monkeypatch):
+    """`runs list --store -n 1` does not call its one row the total, and --kind filters there
+    as it does for this machine's records."""
+    pytest.importorskip("mlflow")
+    for i, kind in enumerate(("train", "train", "command")):
+        w = RunWriter(tmp_path / "runs", kind=kind, run_id=f"20240301-00000{i}-abcdef")
+        w.update(summary={"workload": "gpt2_tiny", "throughput_samples_per_s": 10.0 + i})
+        w.finish()
+    monkeypatch.setenv("GPULENS_HOME", str(tmp_path))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'store.db'}")
+    assert _json(runner.invoke(runs_app, ["sync", "--json"]))["failed"] == []
+    doc = _json(runner.invoke(runs_app, ["list", "--store", "-n", "1", "--json"]))
+    assert len(doc["runs"]) == 1 and doc["total"] is None  # more in the store, count unknown
+    doc = _json(runner.invoke(runs_app, ["list", "--store", "-n", "5", "--json"]))
+    assert len(doc["runs"]) == 3 and doc["total"] == 3
+    doc = _json(
+        runner.invoke(runs_app, ["list", "--store", "--kind", "train", "-n", "1", "--json"])
+    )
+    assert [r["kind"] for r in doc["runs"]] == ["train"] and doc["total"] == 2
+    doc = _json(runner.invoke(runs_app, ["list", "--store", "--kind", "command", "--json"]))
+    assert [r["run_id"] for r in doc["runs"]] == ["20240301-000002-abcdef"]
+    result = runner.invoke(runs_app, ["list", "--store", "--kind", "train", "-n", "1"])
+    assert result.exit_code == 0 and "1 of 2" in result.stdout
+    result = runner.invoke(runs_app, ["list", "--store", "-n", "1"])
+    assert result.exit_code == 0 and "1 of 1" not in result.stdout and "more" in result.stdout

@@ -161,7 +161,7 @@ def list_runs(
     ),
 ) -> None:
     if from_store:
-        _list_store_runs(limit, status, json_out)
+        _list_store_runs(limit, status, kind, json_out)
         return
     readable, damaged = scan_records(runs_dir())
     records: list[RunRecord | DamagedRecord] = [*reversed(readable), *reversed(damaged)]
@@ -206,20 +206,31 @@ def list_runs(
         common.err.print(Text(bad.message(), style="red"), soft_wrap=True)
 
 
-def _list_store_runs(limit: int, status: str | None, json_out: bool) -> None:
-    from gpulens.store.team import store_runs
+def _list_store_runs(limit: int, status: str | None, kind: str | None, json_out: bool) -> None:
+    from gpulens.store.team import MAX_STORE_RUNS, store_runs
 
     uri = default_tracking_uri()
-    rows = store_runs(uri, limit=0 if status else limit)
+    # MLflow counts nothing: with a filter every run is read and filtered here; without, one
+    # run more than shown tells whether the store holds more than the page
+    fetch = 0 if status or kind or not limit or limit <= 0 else limit + 1
+    rows = store_runs(uri, limit=fetch)
+    complete = len(rows) < (fetch or MAX_STORE_RUNS)
     if status:
         rows = [r for r in rows if r["status"] == status]
-    total = len(rows)
+    if kind:
+        rows = [r for r in rows if r["kind"] == kind]
+    total = len(rows) if complete else None  # null: more runs than were read, count unknown
     rows = rows[:limit] if limit and limit > 0 else rows
     if json_out:
         _emit_json({"runs": rows, "total": total, "tracking_uri": uri})
         return
+    shown = (
+        f"{len(rows)} of {total}, newest first"
+        if total is not None
+        else f"the newest {len(rows)}; more in the store"
+    )
     table = Table(
-        title=f"runs in {uri} ({len(rows)} of {total}, newest first)",
+        title=f"runs in {uri} ({shown})",
         title_justify="left",
         box=box.SIMPLE_HEAD,
         pad_edge=False,

@@ -21,7 +21,7 @@ def store_runs(
     tracking_uri: str | None = None, experiment: str | None = None, limit: int = 100
 ) -> list[dict[str, Any]]:
     """The gpulens runs in the store's experiment, newest first: ``run_id`` (gpulens's),
-    ``mlflow_run_id``, ``name``, ``status``, ``workload``, ``device``, ``started_ms``
+    ``mlflow_run_id``, ``name``, ``status``, ``kind``, ``workload``, ``device``, ``started_ms``
     and the summary metrics MLflow holds (``metrics``). ``limit`` 0 means all (up to 10,000).
 
     Raises :class:`~gpulens.store.availability.StoreUnavailableError` when the store does not
@@ -66,6 +66,7 @@ def _row(run) -> dict[str, Any]:
         "mlflow_run_id": run.info.run_id,
         "name": tags.get("gpulens.name") or run.info.run_name,
         "status": tags.get("gpulens.status") or run.info.status.lower(),
+        "kind": tags.get("gpulens.kind"),
         "workload": tags.get("gpulens.workload"),
         "device": tags.get("gpulens.device"),
         "synced": tags.get("gpulens.synced") == "true",
