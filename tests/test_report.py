@@ -225,3 +225,13 @@ def test_a_closed_loop_load_run_reports_without_an_intended_rate():
     assert facts["m"].startswith("41.5 req/s")
     summary["tenants"]["m"]["intended_rate_rps"] = 50.0
     assert dict(load_facts(summary))["m"].startswith("41.5 of 50.0 req/s")
+
+
+@pytest.mark.parametrize("name", ["x.png", "report.svg", "report"])
+def test_a_report_to_a_file_not_named_html_is_refused(name, capsys, tmp_path):
+    """`-o x.png` used to write HTML into x.png; the report is HTML only (plotly's static
+    images need kaleido, no dependency of gpulens)."""
+    assert main(["report", str(JPEG), "-o", str(tmp_path / name)]) == 2
+    err = capsys.readouterr().err
+    assert "must end in .html" in err and "Traceback" not in err
+    assert not list(tmp_path.iterdir())  # nothing left behind

@@ -73,10 +73,19 @@ def _records(refs: list[str]):
 
 def report(
     runs: list[str] = typer.Argument(..., help="Runs to show (ids, prefixes, names, folders)."),
-    out: Path = typer.Option(Path("report.html"), "--out", "-o", help="The HTML file to write."),
+    out: Path = typer.Option(
+        Path("report.html"), "--out", "-o", help="The HTML file to write (*.html)."
+    ),
     title: str = typer.Option(None, "--title", help="The page title [default: from the runs]."),
     json_out: bool = typer.Option(False, "--json", help=common.JSON_HELP),
 ) -> None:
+    if out.suffix.lower() not in (".html", ".htm") and not out.expanduser().is_dir():
+        # a PNG would need kaleido, no dependency of gpulens; each figure saves as PNG from
+        # its toolbar in the page
+        raise UsageError(
+            f"cannot write {out}: the report is one HTML file, its name must end in .html "
+            f"(-o {out.with_suffix('.html')}); each figure saves as PNG from its toolbar"
+        )
     try:
         import plotly  # noqa: F401
     except ImportError:
