@@ -108,6 +108,27 @@ def test_doctor_names_the_store_extra(capsys, monkeypatch):
     assert "pip install 'gpulens[store]'" in out
 
 
+def test_doctor_lists_the_optional_extras(capsys, monkeypatch):
+    """Each extra of pyproject.toml: whether its modules import, the pip command if not; the
+    lean install (none of them) still exits 0."""
+    tomllib = pytest.importorskip("tomllib")
+    pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    declared = set(pyproject["project"]["optional-dependencies"]) - {"dev"}
+    for module in ("mlflow", "plotly", "starlette", "ray"):
+        monkeypatch.setitem(sys.modules, module, None)  # `import X` now raises ImportError
+    code, out, _ = run_cli(capsys, "doctor", "--json")
+    assert code == 0
+    extras = {e["name"]: e for e in json.loads(out)["extras"]}
+    assert set(extras) == declared
+    for name in ("store", "team", "ui", "serve", "sweep"):
+        assert not extras[name]["installed"], extras[name]
+        assert extras[name]["install_command"] == f"pip install 'gpulens[{name}]'"
+    assert extras["sweep"]["missing_modules"] == ["ray"]
+    monkeypatch.setattr(common, "out", Console(width=300))
+    code, out, _ = run_cli(capsys, "doctor")
+    assert code == 0 and "optional extras" in out and "pip install 'gpulens[sweep]'" in out
+
+
 def test_gpulens_works_without_click_and_mlflow(tmp_path):
     """The lean install: typer >= 0.26 brings no click, and MLflow is an extra."""
     script = (

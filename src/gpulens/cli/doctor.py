@@ -17,18 +17,24 @@ def register(app: typer.Typer) -> None:
 
 
 def doctor(json_out: bool = typer.Option(False, "--json", help="Print one JSON document.")) -> None:
-    from gpulens.probes.capabilities import Check, checks_as_dict, run_checks
-    from gpulens.report.terminal import render_checks
+    from dataclasses import asdict
+
+    from gpulens.probes.capabilities import Check, checks_as_dict, extras_status, run_checks
+    from gpulens.report.terminal import render_checks, render_extras
     from gpulens.store.mlflow_sink import store_status
 
     checks = run_checks()
     st = store_status()  # one request of at most 2 s: says whether the store answers
     store_check = Check("store", st["ok"], f"{st['tracking_uri']}: {st['detail']}", st["hint"])
     checks = [store_check if c.name == "store" else c for c in checks]
+    extras = extras_status()
     if json_out:
-        common.emit_json({**checks_as_dict(checks), "store": st})
+        common.emit_json(
+            {**checks_as_dict(checks), "store": st, "extras": [asdict(e) for e in extras]}
+        )
     else:
         render_checks(common.out, checks)
+        render_extras(common.out, extras)
 
 
 def workloads(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import shutil
 from dataclasses import asdict, dataclass
@@ -94,3 +95,41 @@ def run_checks() -> list[Check]:
 
 def checks_as_dict(checks: list[Check]) -> dict[str, Any]:
     return {"checks": [asdict(c) for c in checks]}
+
+
+# pyproject.toml's optional extras ([dev] aside): what each enables and the modules gpulens
+# imports from it (serve's speed-ups, uvloop and httptools, are not required)
+EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "store": ("the MLflow store: runs sync, runs list --store", ("mlflow",)),
+    "team": ("a team store on PostgreSQL", ("mlflow", "psycopg2")),
+    "ui": ("report and ui (plotly)", ("plotly",)),
+    "serve": ("serve and load", ("starlette", "uvicorn", "aiohttp")),
+    "sweep": ("sweep --executor ray", ("ray",)),
+}
+
+
+@dataclass
+class Extra:
+    name: str
+    installed: bool
+    used_for: str
+    missing_modules: list[str]
+    install_command: str | None
+
+
+def _imports(module: str) -> bool:
+    try:
+        importlib.import_module(module)
+    except Exception:  # not installed, or installed but broken: either way not usable
+        return False
+    return True
+
+
+def extras_status() -> list[Extra]:
+    """Whether each optional extra's modules import, and the pip command where not."""
+    extras = []
+    for name, (used_for, modules) in EXTRAS.items():
+        missing = [m for m in modules if not _imports(m)]
+        install = f"pip install 'gpulens[{name}]'" if missing else None
+        extras.append(Extra(name, not missing, used_for, missing, install))
+    return extras

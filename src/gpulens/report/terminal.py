@@ -186,6 +186,18 @@ def render_checks(console: Console, checks) -> None:
     console.print(table)
 
 
+def render_extras(console: Console, extras) -> None:
+    table = Table(title="optional extras", title_justify="left")
+    table.add_column("extra")
+    table.add_column("status")
+    table.add_column("for")
+    table.add_column("install", no_wrap=True)  # a command to copy whole
+    for e in extras:
+        mark = "[green]installed[/green]" if e.installed else "[yellow]missing[/yellow]"
+        table.add_row(Text(e.name), mark, Text(e.used_for), Text(e.install_command or ""))
+    console.print(table)
+
+
 _STALL_COLORS = {
     "compute": "green",
     "prep_stall": "yellow",
