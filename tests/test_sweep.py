@@ -1,5 +1,6 @@
 """gpulens sweep: spec validation, stable cell hashes, and a real CPU sweep that is killed midway
-and resumed, with one cell that fails (an invalid batch size) retried and recorded as failed."""
+and resumed, with one cell that fails (an invalid batch size: a usage error, not retried) and is
+recorded as failed."""
 
 from __future__ import annotations
 
@@ -118,7 +119,8 @@ def test_sweep_killed_midway_then_resumed_redoes_only_unfinished_cells(tmp_path)
     for batch, run_id in done_before.items():  # not redone
         assert by_batch[batch]["run_id"] == run_id and by_batch[batch]["attempts"] == 1
     failed = by_batch[0]
-    assert failed["status"] == "failed" and failed["attempts"] >= 2
+    # a usage error: one attempt (two where the killed sweep had tried it already)
+    assert failed["status"] == "failed" and failed["exit_code"] == 2 and doc["usage_errors"] == 1
     assert "batch-size" in failed["error"]
     listed = subprocess.run(
         [sys.executable, "-m", "gpulens.cli", "runs", "list", "--json"],
@@ -210,3 +212,37 @@ def test_ctrl_c_stops_the_sweep_and_leaves_the_rest_for_resume(tmp_path):
     states = _states(sweep_dir)
     assert all(s["attempts"] <= 1 for s in states.values())  # nothing retried
     assert sum(s["status"] == "done" for s in states.values()) < len(states)
+
+
+def test_a_usage_error_is_not_retried_and_the_summary_says_so(tmp_path):
+    """A cell that exits 2 (a bad value in the grid) would fail the same way again: failed
+    after one attempt; a runtime failure (exit 1) is still retried."""
+    from gpulens.launch.cli_child import ChildResult
+    from gpulens.sweep.runner import SweepConfig, run_sweep
+
+    codes = {2: 2, 3: 1}  # batch size -> the child's exit code, every attempt
+
+    class Fake:
+        def run(self, cells, on_start, on_done):
+            for cell in cells:
+                again = True
+                while again:
+                    on_start(cell)
+                    code = codes[cell.config["batch_size"]]
+                    again = on_done(cell, ChildResult(code, "", f"error: exit {code}"))
+
+    spec = parse_spec({"name": "t", "workload": "tiny_cnn", "grid": {"batch_size": [2, 3]}})
+    result = run_sweep(SweepConfig(spec, retries=2, out_dir=tmp_path), Fake())
+    doc = result.to_dict()
+    by_batch = {c["config"]["batch_size"]: c for c in doc["cells"]}
+    assert by_batch[2]["status"] == "failed" and by_batch[2]["attempts"] == 1
+    assert by_batch[2]["exit_code"] == 2
+    assert by_batch[3]["status"] == "failed" and by_batch[3]["attempts"] == 3  # retried twice
+    assert doc["usage_errors"] == 1
+    from gpulens.cli.sweep import _summary_line
+
+    line = _summary_line(doc)
+    assert (
+        line.startswith("done 0, failed 2 ")
+        and "1 of them a usage error, exit 2: not retried" in line
+    )

@@ -1,5 +1,6 @@
-"""The Ray executor on a local Ray cluster: a 4-cell CPU sweep with one failing cell retried and
-recorded, killed midway (SIGKILL of the driver) and resumed: only unfinished cells run again."""
+"""The Ray executor on a local Ray cluster: a 4-cell CPU sweep with one failing cell (a usage
+error, not retried) recorded, killed midway (SIGKILL of the driver) and resumed: only unfinished
+cells run again."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def _states(sweep_dir):
     return out
 
 
-def test_ray_sweep_retries_a_failure_and_resumes_after_a_kill(tmp_path):
+def test_ray_sweep_records_a_failure_and_resumes_after_a_kill(tmp_path):
     spec = tmp_path / "spec.yaml"
     spec.write_text(SPEC)
     sweep_dir = tmp_path / "sweep"
@@ -56,7 +57,8 @@ def test_ray_sweep_retries_a_failure_and_resumes_after_a_kill(tmp_path):
     for batch, run_id in done_before.items():  # finished before the kill: not run again
         assert by_batch[batch]["run_id"] == run_id and by_batch[batch]["attempts"] == 1
     failed = by_batch[0]
-    assert failed["status"] == "failed" and failed["attempts"] >= 2  # retried, then recorded
+    assert failed["status"] == "failed" and failed["exit_code"] == 2  # a usage error: recorded
+    assert doc["usage_errors"] == 1
     assert "batch-size" in failed["error"]
     for batch in (2, 3, 4):
         assert by_batch[batch]["status"] == "done" and by_batch[batch]["run_id"]

@@ -29,7 +29,9 @@ Example:
 
 Cells are named by a hash of their config; the sweep directory (GPULENS_HOME/sweeps/NAME-HASH or
 --out) holds one state file per cell. --resume skips finished cells; a failed cell is retried
---retries times, then recorded as failed with the last lines of its stderr."""
+--retries times, then recorded as failed with the last lines of its stderr. A cell that fails
+with a usage error (exit 2: a bad value in the spec) is recorded as failed at once: it would
+fail again."""
 
 
 def _table(doc: dict) -> Table:
@@ -72,6 +74,13 @@ def _table(doc: dict) -> Table:
     return table
 
 
+def _summary_line(doc: dict) -> str:
+    """``done D, failed F, remaining R``; how many failed with a usage error, not retried."""
+    usage = doc.get("usage_errors") or 0
+    why = f" ({usage} of them a usage error, exit 2: not retried)" if usage else ""
+    return f"done {doc['done']}, failed {doc['failed']}{why}, remaining {doc['remaining']}"
+
+
 def _check_options(app: typer.Typer, cells) -> None:
     """Every cell's options are options of its command: a misspelt key is one line now, not
     a failure of every cell after its retries."""
@@ -103,7 +112,9 @@ def register(app: typer.Typer) -> None:
             help="Ray cluster address (auto, ray://host:10001); default: a local Ray.",
         ),
         resume: bool = typer.Option(False, "--resume", help="Skip cells already done."),
-        retries: int = typer.Option(2, "--retries", help="Retries of a failed cell."),
+        retries: int = typer.Option(
+            2, "--retries", help="Retries of a failed cell (not of a usage error)."
+        ),
         out: Path | None = typer.Option(None, "--out", help="Sweep directory."),
         json_out: bool = typer.Option(False, "--json", help=common.JSON_HELP),
     ) -> None:
@@ -130,10 +141,6 @@ def register(app: typer.Typer) -> None:
             common.emit_json(doc)
         else:
             common.out.print(_table(doc))
-            common.out.print(
-                f"done {doc['done']}, failed {doc['failed']}, remaining {doc['remaining']}",
-                markup=False,
-                highlight=False,
-            )
+            common.out.print(_summary_line(doc), markup=False, highlight=False)
         if doc["failed"] or doc["remaining"]:
             raise typer.Exit(1)

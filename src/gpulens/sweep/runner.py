@@ -16,6 +16,11 @@ from gpulens.sweep.spec import SweepSpec
 from gpulens.sweep.state import CellState, now, read_state, write_state
 
 ERROR_LINES = 5
+# A cell that exits with gpulens's usage-error code (a bad value in the spec) would fail the
+# same way again: it is not retried.
+USAGE_EXIT_CODE = 2
+# What --json shows of a cell's state.
+CELL_FIELDS = ("cell_id", "config", "status", "attempts", "run_id", "error", "exit_code", "summary")
 # Headline figures copied from a cell's --json document into its summary, when present.
 HEADLINE_KEYS = (
     "throughput_samples_per_s",
@@ -62,17 +67,12 @@ class SweepResult:
     def to_dict(self) -> dict[str, Any]:
         return {
             "sweep_dir": str(self.sweep_dir),
-            "cells": [
-                {
-                    k: v
-                    for k, v in asdict(c).items()
-                    if k
-                    in ("cell_id", "config", "status", "attempts", "run_id", "error", "summary")
-                }
-                for c in self.cells
-            ],
+            "cells": [{k: v for k, v in asdict(c).items() if k in CELL_FIELDS} for c in self.cells],
             "done": self.count("done"),
             "failed": self.count("failed"),
+            "usage_errors": sum(
+                c.status == "failed" and c.exit_code == USAGE_EXIT_CODE for c in self.cells
+            ),
             "remaining": len(self.cells) - self.count("done") - self.count("failed"),
         }
 
@@ -106,7 +106,8 @@ def run_sweep(
     on_progress: Callable[[int, int], None] | None = None,
 ) -> SweepResult:
     """Run every unfinished cell (all of them without ``resume``), retrying failures up to
-    ``retries`` times; state files record each step. Returns every cell's final state."""
+    ``retries`` times (a usage error, never); state files record each step. Returns every
+    cell's final state."""
     cells = expand(config.spec)
     sweep_dir = sweep_dir_for(config, cells)
     sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -148,8 +149,12 @@ def run_sweep(
         with lock:
             state = states[cell.cell_id]
             state.run_id, state.summary, state.error = run_id, summary, error
-            state.finished_at = now()
-            again = error is not None and tries[cell.cell_id] <= config.retries
+            state.exit_code, state.finished_at = result.returncode, now()
+            again = (
+                error is not None
+                and result.returncode != USAGE_EXIT_CODE
+                and tries[cell.cell_id] <= config.retries
+            )
             state.status = "done" if error is None else ("pending" if again else "failed")
             write_state(sweep_dir, state)
             if not again:

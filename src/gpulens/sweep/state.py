@@ -14,7 +14,8 @@ STATUSES = ("pending", "running", "done", "failed")
 
 @dataclass
 class CellState:
-    """What is known about a cell: status, attempts, run id, error (last stderr lines)."""
+    """What is known about a cell: status, attempts, run id, error (last stderr lines) and
+    its last attempt's exit code."""
 
     cell_id: str
     config: dict[str, Any]
@@ -22,6 +23,7 @@ class CellState:
     attempts: int = 0
     run_id: str | None = None
     error: str | None = None
+    exit_code: int | None = None
     summary: dict[str, Any] = field(default_factory=dict)
     started_at: float | None = None
     finished_at: float | None = None
