@@ -222,3 +222,36 @@ def test_store_list_total_is_honest_and_kind_filters(tmp_path, monkeypatch):
     assert result.exit_code == 0 and "1 of 2" in result.stdout
     result = runner.invoke(runs_app, ["list", "--store", "-n", "1"])
     assert result.exit_code == 0 and "1 of 1" not in result.stdout and "more" in result.stdout
+
+
+def test_compare_keeps_field_names_on_one_line_in_80_columns(tmp_path, monkeypatch):
+    """A long field name is one line (its middle cut where it cannot fit), not folded into
+    two; the values wrap instead, and no run's column is cut off the table."""
+    import io
+
+    from rich.console import Console
+
+    import gpulens.cli.common as common
+
+    ids = [f"20261128-00000{i}-abcdef" for i in range(3)]
+    for i, run_id in enumerate(ids):
+        w = RunWriter(tmp_path / "runs", kind="train", name="tiny_cnn-cpu-b32", run_id=run_id)
+        w.update(summary={"paired_fetch": {"read_s_per_sample_cached": 0.5 + i},
+                          "throughput_samples_per_s": 100.0 + i})  # fmt: skip
+        w.finish()
+    monkeypatch.setenv("GPULENS_HOME", str(tmp_path))
+    key = "paired_fetch.read_s_per_sample_cached"
+    for runs in (ids[:2], ids):
+        buf = io.StringIO()
+        monkeypatch.setattr(common, "out", Console(file=buf, width=80))
+        result = runner.invoke(runs_app, ["compare", *runs])
+        assert result.exit_code == 0, result.output
+        lines = buf.getvalue().splitlines()
+        assert all(len(line) <= 80 for line in lines)
+        row = next(line for line in lines if line.strip().startswith("paired_fetch"))
+        values = [f"{0.5 + i:g}" for i in range(len(runs))]
+        assert row.split()[: 1 + len(runs)] == [key, *values], row
+        assert f"{99 + len(runs)}" in buf.getvalue()  # the last run's column is in sight
+    from gpulens.cli.runs import _middle_cut
+
+    assert _middle_cut(key, 16) == "paired_…e_cached" and _middle_cut(key, 40) == key

@@ -340,6 +340,15 @@ def _pct(value: Any) -> str:
     return f"{value:+.1f}%"
 
 
+def _middle_cut(text: str, width: int) -> str:
+    """``text`` in ``width`` characters, its middle replaced by an ellipsis: the start and the
+    end of a field name (``paired_fetch.…_cached``) both tell."""
+    if len(text) <= width:
+        return text
+    head = (width - 1) // 2
+    return text[:head] + "…" + text[len(text) - (width - 1 - head) :]
+
+
 @runs_app.command("compare", help="Runs side by side; with two runs, the relative difference.")
 def compare(
     runs: list[str] = typer.Argument(..., help="Two or more run ids (or prefixes, or 'latest')."),
@@ -361,16 +370,20 @@ def compare(
             rows.append(item)
         _emit_json({"run_ids": run_cols, "rows": rows})
         return
-    # compact, so that two or three runs read in 80 columns: long field names fold, each
-    # run's column is wide enough for a number or a date
+    # compact, so that two or three runs read in 80 columns: a field name stays on one line
+    # (as wide as the longest while each run keeps 10 columns; a longer one loses its middle),
+    # the values fold, each run's column wide enough for a number or a date
     table = Table(title="compare", title_justify="left", box=box.SIMPLE_HEAD,
                   collapse_padding=True, pad_edge=False)  # fmt: skip
-    table.add_column("field", style="bold", overflow="fold", min_width=26, max_width=34)
+    rel = REL_DIFF_COLUMN in df.columns
+    room = common.out.width - 2 * (len(run_cols) + 2 + rel) - 10 * len(run_cols) - 8 * rel
+    key_width = max(12, min(max((len(str(f)) for f in df.index), default=5), room))
+    table.add_column("field", style="bold", no_wrap=True, min_width=key_width)
     names = [r.meta.get("name") for r in records]
     for col, name in zip(run_cols, names, strict=True):
         header = col if not name or name == col or names.count(name) > 1 else f"{name}\n{col}"
         table.add_column(Text(header), justify="right", overflow="fold", min_width=10, max_width=16)
-    if REL_DIFF_COLUMN in df.columns:
+    if rel:
         table.add_column("vs first", justify="right", no_wrap=True)
     for field, row in df.iterrows():
         if field == "created_at":
@@ -379,7 +392,7 @@ def compare(
             cells = [_cell(row[c], 40) for c in run_cols]
         if REL_DIFF_COLUMN in df.columns:
             cells.append(_pct(row[REL_DIFF_COLUMN]))
-        table.add_row(Text(str(field)), *cells)
+        table.add_row(Text(_middle_cut(str(field), key_width)), *cells)
     common.out.print(table)
 
 
