@@ -680,3 +680,15 @@ def test_pooled_runs_of_a_wrapped_command_weigh_by_their_measured_steps():
     ]  # fmt: skip
     got = pooled(runs)
     assert got.per_sample_s == pytest.approx((0.010 * 30 + 0.020 * 10) / 40)
+
+
+def test_the_page_cache_recommendation_quotes_the_cached_run_and_not_storage_it_never_measured():
+    free, cached, cold = Measured(0.001, 0), Measured(0.004, 0), Measured(0.008, 0)
+    pred = what_if(free, cached, cold, workers=1, cpu_count=4, mean_file_bytes=100_000,
+                   prep_cpu_s_per_sample=0.004)  # fmt: skip
+    shares, _ = breakdown(free, cached, cold)
+    (rec,) = [
+        r for r in recommend(shares, pred, current=125, workers=1) if "page cache" in r["action"]
+    ]
+    assert rec["predicted_samples_per_s"] == pytest.approx(1 / 0.004)  # the cached run's pace
+    assert "cached run" in rec["action"] and "NVMe" not in rec["action"]

@@ -268,7 +268,9 @@ def recommend(
     if cache and (shares.get("fetch_stall") or 0) > 2:
         recs.append(
             {
-                "action": "keep the dataset in the page cache (more RAM) or on local NVMe",
+                # the prediction is the cached run's measured pace: it says nothing of NVMe
+                "action": "keep the whole dataset in the page cache (more RAM), as in the "
+                "cached run",
                 "predicted_samples_per_s": cache["100"],
             }
         )
