@@ -456,3 +456,44 @@ def test_slo_attainment_counts_latencies_within_the_target():
         parse_job("tiny_cnn:slo_ms=25")
     with pytest.raises(UsageError, match="slo_ms"):
         parse_job("infer:tiny_cnn:slo_ms=fast")
+
+
+def _column(text: str, header: str, start: str, end: str) -> str:
+    """The cells of one table column, read down the lines below ``header`` and joined."""
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith(header))
+    a, b = lines[at].index(start), lines[at].index(end)
+    cells = []
+    for line in lines[at + 2 :]:
+        if line.startswith(("together", "recommendation")):  # the table has ended
+            break
+        cells.append(line[a:b].strip())
+    return "".join(cells)
+
+
+def test_long_job_names_fold_in_an_80_column_table_instead_of_being_cut():
+    import io
+
+    from rich.console import Console
+
+    from gpulens.report.colocate import render_colocate
+
+    long = "a_really_long_job_name_that_goes_on_and_on"
+    key = "train:tiny_cnn:batch=16,precision=fp32"
+    ts = _result("time-slice", "default", [("tiny_cnn", "train:tiny_cnn", "train", 100, 70,
+                                            None, None), (long, key, "train", 100, 60, None,
+                                                          None)])  # fmt: skip
+    doc = {
+        "jobs": [
+            {"name": "tiny_cnn", "key": "train:tiny_cnn", "throughput_alone": 100.0},
+            {"name": long, "key": key, "throughput_alone": 100.0},
+        ],
+        "results": [ts], "recommendation": "time-slice", "duration_s": 3.0, "device": "cpu",
+    }  # fmt: skip
+    console = Console(file=io.StringIO(), width=80, record=True)
+    render_colocate(console, doc)
+    text = console.export_text()
+    assert "…" not in text and max(len(line) for line in text.splitlines()) <= 80
+    assert _column(text, "job ", "job", "what") == "tiny_cnn" + long
+    assert _column(text, "job ", "what", "samples/s") == "train:tiny_cnn" + key
+    assert _column(text, "mechanism ", "job", "samples/s") == "tiny_cnn" + long

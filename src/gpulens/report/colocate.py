@@ -85,8 +85,9 @@ def _render_slo(console: Console, doc: dict[str, Any]) -> None:
                   title_justify="left", **COMPACT)  # fmt: skip
     for col in ("mechanism", "setting", "tenant", "SLO ms", "alone", "together", "lost pp",
                 "training kept"):  # fmt: skip
-        table.add_column(col, justify="left" if col in ("mechanism", "setting", "tenant")
-                         else "right")  # fmt: skip
+        text = col in ("mechanism", "setting", "tenant")
+        table.add_column(col, justify="left" if text else "right",
+                         overflow="fold" if text else "ellipsis")  # fmt: skip
     for r, j in rows:
         kept = [t for t in r["jobs"] if t.get("kind") == "train" and t.get("slowdown")]
         table.add_row(
@@ -106,8 +107,9 @@ def _table(title: str, rows: list[dict[str, Any]], left: tuple[str, ...]) -> Tab
     headers = [h for h in rows[0] if h != "_end"]
     shown = [h for h in headers if any(str(r[h]) not in ("[dim]n/a[/dim]", "") for r in rows)]
     table = Table(title=title, title_justify="left", **COMPACT)
-    for h in shown:
-        table.add_column(h, justify="left" if h in left else "right")
+    for h in shown:  # names and settings fold onto more lines rather than lose their ends
+        table.add_column(h, justify="left" if h in left else "right",
+                         overflow="fold" if h in left else "ellipsis")  # fmt: skip
     for r in rows:
         table.add_row(*(r[h] for h in shown), end_section=bool(r.get("_end")))
     return table
@@ -125,8 +127,9 @@ def render_plan(console: Console, doc: dict[str, Any]) -> None:
             title_justify="left",
         )
         for col in ("jobs", "mechanism", "setting", "aggregate", "worst slowdown"):
-            table.add_column(col, justify="right" if col in ("aggregate", "worst slowdown")
-                             else "left")  # fmt: skip
+            number = col in ("aggregate", "worst slowdown")
+            table.add_column(col, justify="right" if number else "left",
+                             overflow="ellipsis" if number else "fold")  # fmt: skip
         for g in p["groups"]:
             table.add_row(Text(" + ".join(g["jobs"])), Text(g["mechanism"]),
                           Text(g["setting"] or ""),
