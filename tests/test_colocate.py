@@ -156,6 +156,19 @@ def test_recommendation_picks_best_within_cap():
     assert "separate GPUs" in recommend(doc, max_slowdown=1.05)
 
 
+@pytest.mark.parametrize(
+    "together, says",
+    [(99.8, "slows 0%"), (100.0, "slows 0%"), (100.3, "slows 0%"), (105.0, "speeds up 5%"),
+     (80.0, "slows 20%")],
+)  # fmt: skip
+def test_a_slowdown_that_rounds_to_zero_or_is_a_speed_up_reads_as_such(together, says):
+    jobs = [("a", "A", "train", 100, together, None, None),
+            ("b", "B", "train", 50, together / 2, None, None)]  # fmt: skip
+    r = _result("time-slice", "default", jobs)
+    text = recommend({"jobs": [{"name": "a"}, {"name": "b"}], "results": [r]})
+    assert f"a {says}" in text and "-0%" not in text and "slows -" not in text
+
+
 def test_recommendation_mentions_inference_latency():
     r = _result(
         "streams",

@@ -9,8 +9,15 @@ log = logging.getLogger(__name__)
 
 
 # ------------------------------------------------------------------------ recommendation
-def _pct_slower(s: float) -> str:
-    return f"{100 * (1 - 1 / s):.0f}%" if s and s != float("inf") else "all"
+def _slows(s: float | None) -> str:
+    """``slows 35%`` (the speed a job loses together); ``slows 0%`` when that rounds to zero;
+    ``speeds up 5%`` when the job ran faster together than alone."""
+    if not s or s == float("inf"):
+        return "slows all"
+    lost_pct = 100 * (1 - 1 / s)
+    if round(lost_pct) < 0:
+        return f"speeds up {100 * (1 / s - 1):.0f}%"
+    return f"slows {max(lost_pct, 0.0):.0f}%"
 
 
 def best_result(results: list[dict[str, Any]], max_slowdown: float | None) -> dict | None:
@@ -50,7 +57,7 @@ def recommend(doc: dict[str, Any], max_slowdown: float | None = None) -> str:
     worst = max(best["jobs"], key=lambda j: j["slowdown"] or 0)
     text = (
         f"run {who} together under {label}: {agg:.2f}x combined throughput, "
-        f"{worst['name']} slows {_pct_slower(worst['slowdown'])}"
+        f"{worst['name']} {_slows(worst['slowdown'])}"
     )
     infer = [j for j in best["jobs"] if j.get("kind") == "infer"]
     for j in infer[:1]:
