@@ -321,6 +321,28 @@ def test_cli_errors_are_one_line(capsys, args, needle):
     assert needle in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize(
+    "jobs, mechanisms, needle",
+    [(["tiny_cnn", "tiny_cnn"], "streams", "streams: CUDA streams need a GPU"),
+     (["cmd:true", "cmd:true"], "streams,mps,mig", "mig: MIG needs an NVIDIA GPU")],
+)  # fmt: skip
+def test_mechanisms_that_cannot_run_here_are_refused_before_any_job_runs(
+    capsys, monkeypatch, jobs, mechanisms, needle
+):
+    from gpulens.colocate import experiment
+
+    def no_run(*_a, **_k):
+        raise AssertionError("a job ran before the usage error")
+
+    monkeypatch.setattr(experiment, "run_group", no_run)
+    code, out, err = run_cli(capsys, "colocate", *jobs, "--mechanisms", mechanisms,
+                             "--device", "cpu")  # fmt: skip
+    assert code == 2 and out == ""
+    (line,) = [x for x in err.splitlines() if x.startswith("error")]
+    assert needle in line and "use --mechanisms time-slice, or a GPU (--device cuda:N)" in line
+    assert "alone" not in err and "internal error" not in err
+
+
 @pytest.mark.slow
 def test_cli_time_slice_end_to_end_on_cpu_and_plan_from_store(capsys, gpulens_home):
     code, out, err = run_cli(

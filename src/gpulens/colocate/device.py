@@ -14,6 +14,7 @@ from gpulens.launch.processes import (
     reap,
     spawn,
 )
+from gpulens.workloads.jobspec import JobSpec
 
 
 @dataclass
@@ -66,3 +67,55 @@ def probe_device(device: str | None) -> DeviceInfo:
     nvml_index = nvml_index_for_uuid(info.get("uuid")).index
     return DeviceInfo("cuda:0", info.get("name"), info.get("uuid"),
                       info.get("memory_total_bytes"), nvml_index)  # fmt: skip
+
+
+def unavailable_reason(
+    mechanism: str, info: DeviceInfo, jobs: list[JobSpec], *, check_mps: bool = True
+) -> str | None:
+    """Why ``mechanism`` cannot run ``jobs`` on ``info`` (``"unavailable: ..."``), found before
+    anything runs; None when it can. ``check_mps=False`` skips the look for an MPS control
+    binary and for foreign daemons (a test's fake MPS)."""
+    if mechanism == "streams":
+        if not info.cuda:
+            return "unavailable: CUDA streams need a GPU (this run uses the CPU)"
+        if any(not j.builtin for j in jobs):
+            return ("unavailable: streams run built-in jobs in one process; cmd: and serve: jobs "
+                    "run in their own")  # fmt: skip
+    elif mechanism == "mps":
+        if not info.cuda:
+            return "unavailable: MPS needs a GPU (this run uses the CPU)"
+        if check_mps:
+            from gpulens.launch.mps import (
+                find_foreign_daemons,
+                foreign_daemon_message,
+                mps_available,
+            )
+
+            why = mps_available()
+            if why:
+                return why
+            foreign = find_foreign_daemons()
+            if foreign:
+                return "unavailable: " + foreign_daemon_message(foreign)
+    elif mechanism == "mig":
+        if not info.cuda or info.nvml_index is None:
+            return "unavailable: MIG needs an NVIDIA GPU that NVML can see"
+        from gpulens.probes.nvml.mig import mig_layout
+
+        layout = mig_layout(info.nvml_index)
+        if layout.reason:
+            return layout.reason
+        if len(layout.instances) < len(jobs):
+            return (f"unavailable: {len(layout.instances)} MIG instance(s) exist and {len(jobs)} "
+                    "jobs need one each; gpulens does not change the MIG layout")  # fmt: skip
+    return None
+
+
+def check_measurable(reasons: dict[str, str | None], info: DeviceInfo) -> None:
+    """A usage error, before any job runs alone, when none of the mechanisms asked for can run
+    (``reasons``: mechanism -> :func:`unavailable_reason`)."""
+    if not reasons or not all(reasons.values()):
+        return
+    why = "; ".join(f"{m}: {r.removeprefix('unavailable: ')}" for m, r in reasons.items() if r)
+    fix = "--mechanisms time-slice" + ("" if info.cuda else ", or a GPU (--device cuda:N)")
+    raise UsageError(f"none of the mechanisms asked for can run here ({why}): use {fix}")

@@ -29,7 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from gpulens.colocate.config import ColocateConfig, ProgressFn
-from gpulens.colocate.device import DeviceInfo, probe_device
+from gpulens.colocate.device import (
+    DeviceInfo,
+    check_measurable,
+    probe_device,
+    unavailable_reason,
+)
 from gpulens.colocate.metrics import (
     energy_per_sample,
     memory_fit,
@@ -215,6 +220,11 @@ class ColocateExperiment:
         return self._result(mechanism, setting, out, fits=fits, mem_needed=needed,
                             job_extra=extra)  # fmt: skip
 
+    def _why_unavailable(self, mechanism: str) -> str | None:
+        info = self.info or DeviceInfo("cpu")
+        return unavailable_reason(mechanism, info, self.config.jobs,
+                                  check_mps=self.mps_factory is None)  # fmt: skip
+
     def _mixed(self) -> bool:
         kinds = {j.kind for j in self.config.jobs}
         return bool(kinds & set(SERVING_KINDS)) and ("train" in kinds or "cmd" in kinds)
@@ -225,12 +235,8 @@ class ColocateExperiment:
 
     def streams(self) -> list[dict[str, Any]]:
         c = self.config
-        if not (self.info and self.info.cuda):
-            return [self._unavailable("streams", "default", "unavailable: CUDA streams need a "
-                                      "GPU (this run uses the CPU)")]  # fmt: skip
-        if any(not j.builtin for j in c.jobs):
-            why = ("unavailable: streams run built-in jobs in one process; cmd: and serve: jobs "
-                   "run in their own")  # fmt: skip
+        why = self._why_unavailable("streams")
+        if why:
             return [self._unavailable("streams", "default", why)]
         settings = [("default", [None] * len(c.jobs))]
         if c.stream_priorities and self._mixed():
@@ -246,12 +252,7 @@ class ColocateExperiment:
         return out
 
     def mps(self) -> list[dict[str, Any]]:
-        from gpulens.launch.mps import (
-            PrivateMps,
-            find_foreign_daemons,
-            foreign_daemon_message,
-            mps_available,
-        )
+        from gpulens.launch.mps import PrivateMps
 
         c = self.config
         target = c.mps_limit_target
@@ -259,18 +260,10 @@ class ColocateExperiment:
             target = "train" if self._mixed() else "all"
         settings = [f"thread_pct={p:g}" + (" (training jobs)" if target == "train" else "")
                     for p in c.mps_thread_pcts]  # fmt: skip
-        if not (self.info and self.info.cuda):
-            why = "unavailable: MPS needs a GPU (this run uses the CPU)"
+        why = self._why_unavailable("mps")
+        if why:
             return [self._unavailable("mps", s, why) for s in settings]
         factory = self.mps_factory or PrivateMps
-        if self.mps_factory is None:
-            why = mps_available()
-            if why:
-                return [self._unavailable("mps", s, why) for s in settings]
-            foreign = find_foreign_daemons()
-            if foreign:
-                why = "unavailable: " + foreign_daemon_message(foreign)
-                return [self._unavailable("mps", s, why) for s in settings]
         results = []
         for pct, setting in zip(c.mps_thread_pcts, settings, strict=True):
             fits, needed, why = self._fit(len(c.jobs))
@@ -308,17 +301,11 @@ class ColocateExperiment:
     def mig(self) -> list[dict[str, Any]]:
         from gpulens.probes.nvml.mig import mig_layout
 
-        if not (self.info and self.info.cuda) or self.info.nvml_index is None:
-            why = "unavailable: MIG needs an NVIDIA GPU that NVML can see"
+        why = self._why_unavailable("mig")
+        if why:
             return [self._unavailable("mig", "existing instances", why)]
         layout = mig_layout(self.info.nvml_index)
-        if layout.reason:
-            return [self._unavailable("mig", "existing instances", layout.reason)]
         jobs = self.config.jobs
-        if len(layout.instances) < len(jobs):
-            why = (f"unavailable: {len(layout.instances)} MIG instance(s) exist and {len(jobs)} "
-                   "jobs need one each; gpulens does not change the MIG layout")  # fmt: skip
-            return [self._unavailable("mig", "existing instances", why)]
         procs, extra = [], {}
         for j, inst in zip(jobs, layout.instances, strict=False):
             peak = self.alone_cache.get(j.key, {}).get("peak_mem_bytes")
@@ -346,6 +333,8 @@ class ColocateExperiment:
         if self.info is None:
             self.progress("probing the device")
             self.info = probe_device(c.device)
+        # before any job runs alone: refuse at once when no mechanism asked for can run here
+        check_measurable({m: self._why_unavailable(m) for m in c.mechanisms}, self.info)
         if self.info.cuda:
             from gpulens.launch.mps import find_foreign_daemons, foreign_daemon_message
 
