@@ -157,6 +157,18 @@ def test_generator_lateness_is_reported_and_flagged():
     assert not doc["generator_limited"] and doc["cost_per_1k_requests_usd"] is not None
 
 
+def test_the_offline_scenario_sends_everything_at_once_so_lateness_is_no_warning():
+    rec = records([5.0] * 200, [200] * 200)
+    rec.scheduled_s[:] = rec.scheduled_s[0]  # every request due at once, sent over 20 ms
+    rec.sent_s = rec.scheduled_s + np.linspace(0.0, 0.020, 200)
+    specs = (TenantSpec("m", 20.0, slo_ms=10.0),)
+    doc = lr.build_document("http://x", specs, rec, None, scenario="offline")
+    assert doc["loadgen_lateness_ms_p99"] > 10.0  # still measured and in the document
+    assert not doc["generator_limited"] and doc["generator_notes"] == []
+    doc = lr.build_document("http://x", specs, rec, None, scenario="server")
+    assert "lateness p99" in doc["generator_notes"][0]
+
+
 # ------------------------------------------------------------------------------ /metrics
 def test_server_split_from_two_triton_scrapes():
     before = (FIXTURES / "before.txt").read_text()

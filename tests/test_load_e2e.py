@@ -220,6 +220,26 @@ def run_cli(capsys, *args):
     return code, cap.out, cap.err
 
 
+@pytest.mark.parametrize(
+    "scenario, tenant, says",
+    [("offline", "small:rate=100", r"scenario offline: [\d,.]+ samples/s \(100 samples\)"),
+     ("single-stream", "small:rate=10", r"scenario single-stream: p90 latency [\d.]+ ms"),
+     ("server", "small:rate=50:slo_ms=1000", "scenario server: valid, every tenant's p99")],
+)  # fmt: skip
+def test_the_scenario_result_is_one_line_of_words_not_a_dict(capsys, scenario, tenant, says):
+    import re
+
+    with FakeKServe(delay_s=0.002) as srv:
+        code, out, err = run_cli(
+            capsys, "load", "--url", srv.url, "--tenant", tenant, "--scenario", scenario,
+            "--duration", "1", "--warmup", "0.1", "--no-store",
+        )  # fmt: skip
+    assert code == 0, err
+    assert re.search(says, out) and "{" not in out and "metric" not in out
+    if scenario == "offline":  # every request was due at once: lateness means nothing there
+        assert "lateness" not in out + err
+
+
 def test_cli_json_contract_and_record(capsys, gpulens_home):
     with FakeKServe(delay_s=0.002, metrics=False) as srv:
         code, out, err = run_cli(

@@ -139,11 +139,12 @@ def render(doc: dict) -> None:
                 f"{f2(s.get('mean_batch_size'))}"
             )
     late = doc["loadgen_lateness_ms"]
-    say(f"generator lateness: p50 {num(late['p50'], '{:.3f}')} ms, p99 {f2(late['p99'])} ms")
+    if (doc.get("scenario") or {}).get("scenario") != "offline":  # offline: all due at once
+        say(f"generator lateness: p50 {num(late['p50'], '{:.3f}')} ms, p99 {f2(late['p99'])} ms")
     for note in doc["generator_notes"]:
         common.warn("warning: ", note)
     if doc.get("scenario"):
-        out.print(f"scenario: {doc['scenario']}", highlight=False)
+        say(_scenario_line(doc["scenario"]))
     if doc.get("cost_per_1k_requests_usd") is not None:
         src = doc.get("price_source")
         where = (
@@ -178,6 +179,24 @@ def render(doc: dict) -> None:
         )
     if doc.get("record_dir"):
         out.print(Text(f"record: {doc['record_dir']}", style="dim"))
+
+
+def _scenario_line(sc: dict) -> str:
+    """The figure LoadGen reports for the scenario, in words."""
+    name, metric, value = sc.get("scenario"), sc.get("metric"), sc.get("value")
+    if metric == "p90_latency_ms":
+        return f"scenario {name}: p90 latency " + ("-" if value is None else f"{value:.2f} ms")
+    if metric == "p99_latency_within_slo":
+        return f"scenario {name}: " + (
+            "valid, every tenant's p99 latency is within its SLO"
+            if sc.get("valid")
+            else "not valid, a tenant's p99 latency is beyond its SLO"
+        )
+    if metric == "samples_per_s":
+        if value is None:
+            return f"scenario {name}: no samples/s, no request succeeded"
+        return f"scenario {name}: {value:,.1f} samples/s ({sc.get('samples', 0):,} samples)"
+    return f"scenario {name}: {metric} {value}"
 
 
 def _token_table(tenants: list[dict], ms) -> Table:
