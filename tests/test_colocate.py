@@ -61,6 +61,19 @@ def test_parse_jobs():
     assert names == ["tiny_cnn#1", "tiny_cnn#2", "resnet18"]
 
 
+def test_job_options_may_be_split_by_colons_as_load_writes_tenants():
+    commas = parse_job("infer:resnet50:batch=2,rate=100,slo_ms=50,arrivals=poisson,name=i")
+    assert parse_job("infer:resnet50:batch=2:rate=100:slo_ms=50:arrival=poisson:name=i") == commas
+    assert parse_job("infer:resnet50:batch=2,rate=100:slo_ms=50,arrivals=poisson:name=i") == commas
+    assert parse_job("resnet18:batch=64:precision=bf16") == parse_job(
+        "resnet18:batch=64,precision=bf16"
+    )
+    with pytest.raises(UsageError) as bad:
+        parse_job("infer:resnet50:rate=100:slo=50")
+    assert "WORKLOAD[:key=value,key=value...]" in str(bad.value)  # the accepted form
+    assert "':' between options works too" in str(bad.value) and "slo_ms" in str(bad.value)
+
+
 @pytest.mark.parametrize(
     "text", ["nosuchmodel", "resnet18:batch=0", "resnet18:bogus=1", "resnet18:precision=fp8",
              "train:resnet18:rate=5", "resnet18:batch=x", "cmd:", "a:b:c:d"],

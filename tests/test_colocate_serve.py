@@ -20,6 +20,8 @@ def test_serve_jobs_parse_and_check_their_options():
         "serve", "bert-base", 50.0, 40.0, 1)  # fmt: skip
     assert j.name == "serve-bert-base" and not j.builtin  # its own process: never under streams
     assert j.key == "serve:bert-base:batch=1,precision=fp32,rate=50,arrivals=poisson"
+    # written as gpulens load --tenant is: colons between the options, arrival= for arrivals=
+    assert parse_job("serve:bert-base:rate=50:slo_ms=40:arrival=poisson") == j
     with pytest.raises(UsageError, match="needs rate=R"):
         parse_job("serve:resnet50")
     with pytest.raises(UsageError, match="unknown model 'nosuch' for gpulens serve"):

@@ -60,6 +60,18 @@ def test_tenant_spec_parses_every_option():
     assert TenantSpec.parse("bert:rate=2.5").slo_ms is None
 
 
+def test_tenant_options_may_be_split_by_commas_as_colocate_writes_them():
+    colons = TenantSpec.parse("resnet50:rate=100:slo_ms=50:arrival=constant:batch=4")
+    assert TenantSpec.parse("resnet50:rate=100,slo_ms=50,arrivals=constant,batch=4") == colons
+    assert TenantSpec.parse("resnet50:rate=100,slo_ms=50:arrival=constant, batch=4") == colons
+    with pytest.raises(UsageError) as bad:
+        TenantSpec.parse("resnet50:rate=100;slo_ms=50")
+    assert "MODEL:rate=R[:slo_ms=S]" in str(bad.value)  # the accepted form
+    with pytest.raises(UsageError) as bad:
+        TenantSpec.parse("resnet50:rate=100,slo=50")
+    assert "resnet50:rate=100,slo_ms=50" in str(bad.value)  # both separators, by example
+
+
 @pytest.mark.parametrize(
     "spec, fragment",
     [

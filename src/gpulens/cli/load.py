@@ -25,7 +25,8 @@ LOAD_HELP = (
     "(Triton's metric names); and the generator's own lateness, so you know when the "
     "generator, not the server, was the limit.\n\n"
     "A TENANT is MODEL:rate=R[:slo_ms=S][:arrival=poisson|constant][:batch=B] (rate in "
-    "requests/s). Requests are KServe v2 infer requests built from GET /v2/models/MODEL "
+    "requests/s; commas between the options work too, as in MODEL:rate=R,slo_ms=S). "
+    "Requests are KServe v2 infer requests built from GET /v2/models/MODEL "
     "(any KServe v2 server, Triton included); --openai MODEL sends that tenant's requests to "
     "an OpenAI-compatible /v1/completions endpoint, streamed, and reports time to first token "
     "and time per output token.\n\n"
@@ -292,7 +293,8 @@ def load(
     tenants: list[str] = typer.Option(
         None,
         "--tenant",
-        help="MODEL:rate=R[:slo_ms=S][:arrival=poisson|constant][:batch=B]; repeat.",
+        help="MODEL:rate=R[:slo_ms=S][:arrival=poisson|constant][:batch=B] (',' between "
+        "options works too); repeat.",
     ),
     duration: float = typer.Option(10.0, "--duration", help="Measured seconds (per trial)."),
     warmup: float = typer.Option(1.0, "--warmup", help="Warm-up seconds before, excluded."),

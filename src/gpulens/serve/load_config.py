@@ -1,13 +1,16 @@
 """What ``gpulens load`` was asked to do: tenants, their rates and SLOs, the run's length.
 
-A tenant is written ``MODEL:rate=R[:slo_ms=S][:arrival=poisson|constant][:batch=B]``; the
-dataclasses validate themselves and a bad value raises :class:`UsageError` naming the fix.
+A tenant is written ``MODEL:rate=R[:slo_ms=S][:arrival=poisson|constant][:batch=B]``; commas
+between the options work too (``MODEL:rate=R,slo_ms=S``, as ``gpulens colocate serve:`` jobs
+are written), and ``arrivals=`` is read as ``arrival=``. The dataclasses validate themselves and
+a bad value raises :class:`UsageError` naming the fix.
 No I/O, no aiohttp here.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass, replace
 
 from gpulens.errors import UsageError
@@ -17,13 +20,17 @@ CLIENTS = ("auto", "raw", "aiohttp")
 SCENARIOS = ("single-stream", "server", "offline")
 TENANT_FORMAT = "MODEL:rate=R[:slo_ms=S][:arrival=poisson|constant][:batch=B]"
 TENANT_KEYS = ("rate", "slo_ms", "arrival", "batch")
+KEY_ALIASES = {"arrivals": "arrival"}  # colocate's spelling
+TENANT_EXAMPLE = "e.g. resnet50:rate=100:slo_ms=50 (or resnet50:rate=100,slo_ms=50)"
 
 
 def _number(text: str, key: str, spec: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise UsageError(f"--tenant {spec!r}: {key}={text!r} is not a number") from None
+        raise UsageError(
+            f"--tenant {spec!r}: {key}={text!r} is not a number; write {TENANT_FORMAT}"
+        ) from None
     if not math.isfinite(value):
         raise UsageError(f"--tenant {spec!r}: {key} must be a finite number")
     return value
@@ -60,20 +67,26 @@ class TenantSpec:
 
     @classmethod
     def parse(cls, spec: str) -> TenantSpec:
-        """``resnet50:rate=100:slo_ms=50`` -> TenantSpec."""
-        parts = [p.strip() for p in spec.split(":")]
-        model, options = parts[0], parts[1:]
+        """``resnet50:rate=100:slo_ms=50`` or ``resnet50:rate=100,slo_ms=50`` -> TenantSpec.
+        The model name ends at the first ':'; after it ':' and ',' both separate options (no
+        option's value holds either)."""
+        model, colon, rest = spec.partition(":")
+        options = [p.strip() for p in re.split(r"[:,]", rest)] if colon else []
         values: dict[str, str] = {}
         for part in options:
             key, eq, value = part.partition("=")
+            key = KEY_ALIASES.get(key.strip(), key.strip())
             if not eq or key not in TENANT_KEYS:
-                raise UsageError(f"--tenant {spec!r}: cannot read {part!r}; write {TENANT_FORMAT}")
-            values[key] = value
+                raise UsageError(
+                    f"--tenant {spec!r}: cannot read {part!r}; write {TENANT_FORMAT}, "
+                    f"{TENANT_EXAMPLE}"
+                )
+            values[key] = value.strip()
         batch = _number(values.get("batch", "1"), "batch", spec)
         if batch != int(batch):
             raise UsageError(f"--tenant {spec!r}: batch must be a whole number")
         return cls(
-            model=model,
+            model=model.strip(),
             rate_rps=_number(values["rate"], "rate", spec) if "rate" in values else None,
             slo_ms=_number(values["slo_ms"], "slo_ms", spec) if "slo_ms" in values else None,
             arrival=values.get("arrival", "poisson"),

@@ -15,6 +15,8 @@ Job syntax (parsed by :func:`parse_job`):
   served tenant beside the other jobs, as its own process (time-slicing, MPS, MIG; not streams)
 - ``cmd:python train.py --epochs 1``: any command; its throughput is runs per second (1/wall)
 - every built-in job takes ``name=...``; a name must be unique within one experiment
+- ':' separates the options as well as ',' (``serve:resnet50:rate=100:slo_ms=50``, as
+  ``gpulens load --tenant`` is written), and ``arrival=`` is read as ``arrivals=``
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shlex
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -149,10 +152,13 @@ class JobSpec:
 
 
 _OPTION_NAMES = {"batch", "precision", "rate", "arrivals", "name", "slo_ms"}
+_OPTION_ALIASES = {"arrival": "arrivals"}  # gpulens load --tenant's spelling
+JOB_FORMAT = "[train:|infer:|serve:]WORKLOAD[:key=value,key=value...]"
 
 
 def parse_job(text: str) -> JobSpec:
-    """``[train:|infer:]WORKLOAD[:k=v,...]`` or ``cmd:COMMAND``; see the module docstring."""
+    """``[train:|infer:|serve:]WORKLOAD[:k=v,...]`` (or ``:k=v:k=v``) or ``cmd:COMMAND``; see
+    the module docstring."""
     text = text.strip()
     if not text:
         raise UsageError("an empty job: give e.g. resnet18:batch=64 or infer:resnet50")
@@ -164,21 +170,22 @@ def parse_job(text: str) -> JobSpec:
     kind = "train"
     if parts[0] in ("train", "infer", "serve"):
         kind, parts = parts[0], parts[1:]
-    if not parts or len(parts) > 2 or not parts[0]:
+    if not parts or not parts[0]:
         raise UsageError(
             f"cannot read job {text!r}: use WORKLOAD[:batch=N,precision=bf16], "
             "infer:WORKLOAD[:batch=1,rate=R], serve:MODEL:rate=R or cmd:COMMAND"
         )
     opts: dict[str, str] = {}
-    if len(parts) == 2 and parts[1]:
-        for item in parts[1].split(","):
-            k, sep, v = item.partition("=")
-            if not sep or k not in _OPTION_NAMES or not v:
-                raise UsageError(
-                    f"job {text!r}: bad option {item!r}; options are "
-                    f"{', '.join(sorted(_OPTION_NAMES))} as key=value"
-                )
-            opts[k] = v
+    rest = ":".join(parts[1:])  # the options: ',' or ':' between them (no value holds either)
+    for item in re.split(r"[:,]", rest) if rest else []:
+        k, sep, v = item.partition("=")
+        k = _OPTION_ALIASES.get(k, k)
+        if not sep or k not in _OPTION_NAMES or not v:
+            raise UsageError(
+                f"job {text!r}: bad option {item!r}; write {JOB_FORMAT} (':' between options "
+                f"works too) with keys {', '.join(sorted(_OPTION_NAMES))}"
+            )
+        opts[k] = v
     try:
         batch = int(opts["batch"]) if "batch" in opts else None
         rate = float(opts["rate"]) if "rate" in opts else None
