@@ -674,6 +674,20 @@ def test_a_whole_step_prediction_from_a_host_paced_run_claims_the_host_bound_fig
     assert gpu.validated_error_pct == VALIDATED["whole_step_roofline"].mape_pct
 
 
+def test_a_gpu_change_names_who_sets_the_pace_in_its_regimes(capsys):
+    """`predict --gpu` says in `regimes` whether the GPU or the host set the pace, as a batch
+    change does (`batch_up` / `batch_up_host_bound`), and the text output names it too."""
+    code, out, err = cli(capsys, "predict", str(_real("h100").dir), "--gpu", "H200", "--json")
+    assert code == 0, err
+    assert json.loads(out)["regimes"] == ["gpu_bound"]
+    code, out, err = cli(capsys, "predict", str(_real("h100").dir), "--gpu", "H200")
+    assert code == 0 and "regime: gpu_bound" in " ".join(out.split())
+    jpeg = FIXTURES / "record_h100_resnet50_jpeg"
+    code, out, err = cli(capsys, "predict", str(jpeg), "--gpu", "H200", "--json")
+    assert code == 0, err
+    assert json.loads(out)["regimes"] == ["host_bound"]
+
+
 def test_a_run_that_did_not_finish_is_predicted_with_a_warning(capsys, tmp_path):
     run = tmp_path / "failed"
     shutil.copytree(FIXTURES / "predict_resnet18_b128" / "h100" / "20261125-235354-13e736", run)

@@ -83,7 +83,7 @@ class Prediction:
     target_gpu: str = ""
     loader_bound: bool = False  # the source run waited for its loader: kept at that pace
     notes: tuple[str, ...] = field(default=())
-    # the validated regimes (gpulens.predict.validation) whose error was weighed
+    # its regimes (gpulens.predict.validation): who sets the pace, and whose error was weighed
     regimes: tuple[str, ...] = field(default=())
     beyond_validation: str | None = None  # what lies outside the validated GPUs and counts
 
@@ -409,7 +409,7 @@ def predict_run(record, target: Target, catalog: Path | None = None) -> Predicti
         ratio, method = 1.0, "same_gpu"
     else:
         ratio, method, notes, host_bound = _gpu_ratio(facts, core, src, tgt)
-        regimes += ["host_bound"] * host_bound
+        regimes.append("host_bound" if host_bound else "gpu_bound")
         fitted = _regression_ratio(facts, src_spec, tgt_spec, validation.error_pct(method))
         if fitted is not None and batch == facts.batch_size:
             (ratio, fit_error), method = fitted, "regression"
@@ -493,6 +493,6 @@ def predict_run(record, target: Target, catalog: Path | None = None) -> Predicti
         target_gpu=tgt_spec.gpu,
         loader_bound=loader_bound,
         notes=tuple(notes),
-        regimes=tuple(r for r in regimes if r in validation.VALIDATED),
+        regimes=validation.reported_regimes(regimes),
         beyond_validation=beyond,
     )

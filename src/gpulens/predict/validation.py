@@ -333,6 +333,16 @@ def rerun_error(gpu_paced: bool) -> float:
     return (RERUN_GPU_PACED if gpu_paced else RERUN_HOST_PACED).mape_pct  # type: ignore[return-value]
 
 
+# A regime without a figure of its own: a GPU change whose source run's GPU set the pace (its
+# kernels filled at least 80% of the step), where the method's own figure was measured.
+PACE_REGIMES = ("gpu_bound",)
+
+
+def reported_regimes(regimes: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """The regimes a prediction names: the validated ones, and those saying who sets the pace."""
+    return tuple(r for r in regimes if r in VALIDATED or r in PACE_REGIMES)
+
+
 def error_pct(method: str, *regimes: str) -> float | None:
     """The validated error of ``method``, or the larger one of a regime it is used in
     (``loader_bound``, ``multi_gpu``); None where none of them was validated."""
