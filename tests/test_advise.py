@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from datetime import date
 from pathlib import Path
 from statistics import NormalDist
@@ -102,6 +103,38 @@ def test_user_catalog_adds_and_overrides(tmp_path):
     assert rows[("aws", "p5.48xlarge")].ondemand_usd_per_h == 40.0
     assert rows[("aws", "p5.48xlarge")].revocations_per_h == 0.1
     assert rows[("lab", "box")].gpu == "H200" and rows[("lab", "box")].spot_usd_per_h is None
+
+
+def test_user_catalog_may_give_only_the_columns_it_changes(tmp_path):
+    """A row of an instance already in the catalog needs its provider and instance and the
+    columns it changes; the rest stays the bundled row's."""
+    bundled = {(r.provider, r.instance): r for r in cat.load_instances()}
+    extra = tmp_path / "prices.csv"
+    extra.write_text("provider,instance,ondemand_usd_per_h\nAWS,p5.48xlarge,40\n")
+    rows = {(r.provider, r.instance): r for r in cat.load_instances(extra)}
+    assert rows[("aws", "p5.48xlarge")].ondemand_usd_per_h == 40.0
+    kept = bundled[("aws", "p5.48xlarge")]
+    assert rows[("aws", "p5.48xlarge")] == replace(kept, ondemand_usd_per_h=40.0)
+    assert len(rows) == len(bundled)
+
+
+@pytest.mark.parametrize(
+    "text,fragment",
+    [
+        # a new instance needs every required column: the error names the missing ones
+        ("provider,instance,ondemand_usd_per_h\nlab,box,5\n",
+         "lab:box is not in the bundled catalog, so its row needs columns gpu, gpus, vcpus, "
+         "ram_gb, network_gbps, spot_usd_per_h, region, price_date"),
+        ("instance,ondemand_usd_per_h\np5.48xlarge,40\n", "lacks columns provider; a row names"),
+        ("provider,instance,ondemand_usd_per_h\naws,p5.48xlarge,\n", "has no ondemand_usd_per_h"),
+    ],
+)  # fmt: skip
+def test_partial_user_catalog_errors_name_the_fix(tmp_path, text, fragment):
+    extra = tmp_path / "partial.csv"
+    extra.write_text(text)
+    with pytest.raises(UsageError, match=fragment) as raised:
+        cat.load_instances(extra)
+    assert "\n" not in str(raised.value)
 
 
 @pytest.mark.parametrize(

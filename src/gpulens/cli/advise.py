@@ -213,7 +213,10 @@ def advise(
     ),
     max_nodes: int = typer.Option(1, "--max-nodes", help="Also 2, 4, ... nodes up to this."),
     catalog: Path = typer.Option(
-        None, "--catalog", help="A CSV of instances to add or override (the bundled header)."
+        None,
+        "--catalog",
+        help="A CSV of instances to add or override. To change a catalog row, give provider, "
+        "instance and only the columns to change; a new instance needs the bundled header's.",
     ),
     gpu_catalog: Path = typer.Option(None, "--gpu-catalog", help="A CSV of GPUs to add."),
     json_out: bool = typer.Option(False, "--json", help=common.JSON_HELP),

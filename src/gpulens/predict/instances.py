@@ -116,16 +116,25 @@ def _parse(row: dict, path: Path, gpu_catalog: Path | None) -> Instance:
     )
 
 
-def _rows(path: Path) -> list[dict]:
+# A row is found by these; a user row of an instance already in the catalog may give only the
+# columns it changes, a new instance needs REQUIRED.
+KEY_COLUMNS = ("provider", "instance")
+REQUIRED = tuple(c for c in COLUMNS if c not in ("note", "revocations_per_h", "source"))
+
+
+def _rows(path: Path, required: tuple[str, ...] = REQUIRED) -> list[dict]:
     try:
         with path.open(newline="", encoding="utf-8") as handle:
             reader = csv.DictReader(handle)
-            required = [c for c in COLUMNS if c not in ("note", "revocations_per_h", "source")]
             missing = [c for c in required if c not in (reader.fieldnames or [])]
             if missing:
+                what = (
+                    "a row names its provider and instance, then the columns it changes"
+                    if required == KEY_COLUMNS
+                    else f"use the header of the bundled {INSTANCES_PATH}"
+                )
                 raise UsageError(
-                    f"instance catalog {path} lacks columns {', '.join(missing)}; "
-                    f"use the header of the bundled {INSTANCES_PATH}"
+                    f"instance catalog {path} lacks columns {', '.join(missing)}; {what}"
                 )
             return list(reader)
     except OSError as exc:
@@ -140,12 +149,33 @@ def _rows(path: Path) -> list[dict]:
         ) from None
 
 
+def _key(row: dict) -> tuple[str, str]:
+    return (row.get("provider") or "").strip().lower(), (row.get("instance") or "").strip()
+
+
+def _as_row(inst: Instance) -> dict[str, str]:
+    """An instance as the CSV row it was read from."""
+    return {k: "" if v is None else str(v) for k, v in asdict(inst).items()}
+
+
 def load_instances(extra: Path | None = None, gpu_catalog: Path | None = None) -> list[Instance]:
-    """The bundled rows, extended (or overridden by provider and instance) by ``extra``."""
+    """The bundled rows, extended (or overridden by provider and instance) by ``extra``, whose
+    rows of instances already in the catalog may give only the columns they change."""
     read_gpu_catalog(gpu_catalog)  # its own error first, not as every row's "unknown GPU"
     by_key: dict[tuple[str, str], Instance] = {}
     for path in [INSTANCES_PATH] + ([Path(extra)] if extra is not None else []):
-        for row in _rows(path):
+        for row in _rows(path, REQUIRED if path == INSTANCES_PATH else KEY_COLUMNS):
+            known = by_key.get(_key(row))
+            if known is not None:  # the columns given override the catalog's row
+                row = {**_as_row(known), **{k: v for k, v in row.items() if k in COLUMNS}}
+            missing = [c for c in REQUIRED if c not in row]
+            if missing:
+                provider, name = _key(row)
+                raise UsageError(
+                    f"instance catalog {path}: {provider}:{name} is not in the bundled catalog, "
+                    f"so its row needs columns {', '.join(missing)}; add them (the header of "
+                    f"the bundled {INSTANCES_PATH})"
+                )
             inst = _parse(row, path, gpu_catalog)
             by_key[(inst.provider, inst.instance)] = inst
     return list(by_key.values())
