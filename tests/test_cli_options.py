@@ -1,13 +1,17 @@
-"""The options of the measuring commands: no option appears or disappears by accident, units are
-in the names, and the old spellings still work (hidden, with a note) for one release."""
+"""The options of the measuring and predicting commands: no option appears or disappears by
+accident, units are in the names, and the old spellings still work (hidden, with a note) for one
+release."""
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 
 import pytest
 import typer
 
+import gpulens
 import gpulens.cli.run as cli_run
 import gpulens.colocate.experiment as colocate_runner
 import gpulens.stalls as stalls_runner
@@ -15,6 +19,8 @@ from gpulens.cli import app, main
 from gpulens.cli.common import resolve_target
 from gpulens.errors import UsageError
 
+FIXTURES = Path(__file__).parent / "fixtures"
+SRC = Path(gpulens.__file__).parent
 # A changed list is a changed CLI: update it on purpose, and say so in CHANGELOG.md.
 OPTIONS = {
     "run": [
@@ -40,6 +46,17 @@ OPTIONS = {
         "--from", "--name", "--store", "--no-store", "--json",
     ],
     "demo": ["--steps", "--device", "--store", "--no-store", "--json"],
+    # the GPU catalog is --gpu-catalog in all three; advise's --catalog is the instance catalog
+    "predict": [
+        "--gpu", "--gpus", "--batch-size", "--workers", "--nodes", "--network-gbps",
+        "--gpu-catalog", "--json",
+    ],
+    "fit": ["--gpu-catalog", "--json"],
+    "advise": [
+        "--samples", "--epochs", "--dataset-size", "--deadline", "--budget", "--spot",
+        "--revocations-per-h", "--checkpoint-s", "--restart-s", "--max-nodes", "--catalog",
+        "--gpu-catalog", "--json",
+    ],
 }  # fmt: skip
 # Deprecated spellings: kept, hidden, for one release.
 DEPRECATED = {
@@ -47,6 +64,9 @@ DEPRECATED = {
     "stalls": ["--storage-bandwidth-mbps"],
     "colocate": ["--warmup"],
     "demo": [],
+    "predict": ["--catalog"],
+    "fit": ["--catalog"],
+    "advise": [],
 }
 
 
@@ -119,6 +139,31 @@ def test_old_spellings_apply_to_built_in_workloads_only(capsys):
     code = main(["run", "--warmup", "3", "--no-store", "--", "python", "x.py"])
     assert code == 2
     assert "--warmup applies to built-in workloads only" in capsys.readouterr().err
+
+
+def test_predict_gpu_catalog_old_and_new_spellings_mean_the_same(capsys, tmp_path):
+    """`predict --gpu-catalog` names the GPU catalog as `advise` does; `--catalog` still works,
+    hidden, with a note."""
+    run = FIXTURES / "predict_resnet18_b128" / "h100" / "20261125-235354-13e736"
+    gpus = tmp_path / "gpus.csv"
+    bundled = (SRC / "predict" / "gpus.csv").read_text().splitlines()
+    h200 = next(line for line in bundled if line.startswith("H200,"))
+    gpus.write_text("\n".join([bundled[0], h200.replace("H200,h200;h200 sxm,", "H201,,")]))
+    docs = []
+    for flag in ("--gpu-catalog", "--catalog"):
+        code = main(["predict", str(run), "--gpu", "H201", flag, str(gpus), "--json"])
+        out = capsys.readouterr()
+        assert code == 0, out.err
+        docs.append(json.loads(out.out))
+        deprecated = "--catalog is deprecated" in out.err and "--gpu-catalog" in out.err
+        assert deprecated == (flag == "--catalog")
+    assert docs[0] == docs[1] and docs[0]["target_gpu"] == "H201"
+    code = main(["predict", str(run), "--gpu", "H201", "--catalog", str(gpus),
+                 "--gpu-catalog", str(gpus)])  # fmt: skip
+    assert code == 2 and "give --gpu-catalog only" in capsys.readouterr().err
+    # the GPU catalog's own messages name the new spelling
+    assert main(["predict", str(run), "--gpu", "H201"]) == 2
+    assert "add one with --gpu-catalog FILE" in capsys.readouterr().err
 
 
 class _StallsResult:

@@ -404,7 +404,7 @@ def test_a_catalog_that_is_not_utf8_exits_2_naming_it(capsys, tmp_path):
     binary = tmp_path / "bin.csv"
     binary.write_bytes(b"\xff\xfe\x00\x01")
     code, out, err = cli(
-        capsys, "predict", str(SYNTHETIC), "--gpu", "H200", "--catalog", str(binary)
+        capsys, "predict", str(SYNTHETIC), "--gpu", "H200", "--gpu-catalog", str(binary)
     )
     assert code == 2 and f"GPU catalog {binary}: not UTF-8" in err
     assert len(err.strip().splitlines()) == 1

@@ -132,9 +132,7 @@ def throughput_table(record, instances, max_nodes: int, gpu_catalog: Path | None
                     cache[target] = exc
             found = cache[target]
             if isinstance(found, UsageError):
-                # The predictor's GPU catalog is advise's --gpu-catalog.
-                reason = str(found).replace("--catalog FILE", "--gpu-catalog FILE")
-                skipped.append({"instance": inst.instance, "nodes": nodes, "reason": reason})
+                skipped.append({"instance": inst.instance, "nodes": nodes, "reason": str(found)})
                 continue
             if found.measured_here and "rerun" not in cache:
                 cache["rerun"] = _rerun_pct(record)  # one reading of the profiler window
@@ -218,7 +216,7 @@ def advise(
         help="A CSV of instances to add or override. To change a catalog row, give provider, "
         "instance and only the columns to change; a new instance needs the bundled header's.",
     ),
-    gpu_catalog: Path = typer.Option(None, "--gpu-catalog", help="A CSV of GPUs to add."),
+    gpu_catalog: Path = typer.Option(None, "--gpu-catalog", help=common.GPU_CATALOG_HELP),
     json_out: bool = typer.Option(False, "--json", help=common.JSON_HELP),
 ) -> None:
     from gpulens.predict import instances as cat

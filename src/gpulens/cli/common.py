@@ -38,6 +38,8 @@ SKIP_BAD_HELP = (
     "the first."
 )
 JSON_HELP = "Print one JSON document on stdout."
+# `predict`, `fit` and `advise` (whose --catalog is the instance catalog) name it the same way
+GPU_CATALOG_HELP = "A CSV of GPUs to add or override (columns as the bundled gpus.csv)."
 
 
 def after_dashes() -> bool:

@@ -49,6 +49,7 @@ def register(app: typer.Typer) -> None:
 
 
 def predict(
+    ctx: typer.Context,
     run: str = typer.Argument(..., help="The measured run (id, prefix, name, 'latest', or dir)."),
     gpu: str = typer.Option(
         None, "--gpu", help="Target GPU (a catalog name, e.g. H100, A100) [default: the run's]."
@@ -81,9 +82,8 @@ def predict(
     network_gbps: float = typer.Option(
         None, "--network-gbps", help="Network between nodes, Gbit/s (needed with --nodes > 1)."
     ),
-    catalog: Path = typer.Option(
-        None, "--catalog", help="A CSV of GPUs to add or override (columns as the bundled one)."
-    ),
+    gpu_catalog: Path = typer.Option(None, "--gpu-catalog", help=common.GPU_CATALOG_HELP),
+    old_catalog: Path = typer.Option(None, "--catalog", hidden=True),  # deprecated: --gpu-catalog
     json_out: bool = typer.Option(False, "--json", help=common.JSON_HELP),
 ) -> None:
     from gpulens.errors import UsageError
@@ -96,6 +96,7 @@ def predict(
             "say what to predict the run on: --gpu NAME, --gpus N, --nodes M, --batch-size B "
             "or --workers W"
         )
+    catalog = common.deprecated_alias(ctx, "gpu_catalog", "old_catalog")
     # checks the arguments before any reading
     target = Target(gpu, gpus, nodes, network_gbps, batch_size, workers)
     record = find_run(run)
@@ -156,13 +157,16 @@ def _table(prediction, facts, summary: dict) -> Table:
 
 
 def fit(
-    catalog: Path = typer.Option(None, "--catalog", help="A CSV of GPUs to add or override."),
+    ctx: typer.Context,
+    gpu_catalog: Path = typer.Option(None, "--gpu-catalog", help=common.GPU_CATALOG_HELP),
+    old_catalog: Path = typer.Option(None, "--catalog", hidden=True),  # deprecated: --gpu-catalog
     json_out: bool = typer.Option(False, "--json", help=common.JSON_HELP),
 ) -> None:
     from gpulens.paths import runs_dir
     from gpulens.predict.fit import fit_runs, save_model
     from gpulens.record.reader import list_records
 
+    catalog = common.deprecated_alias(ctx, "gpu_catalog", "old_catalog")
     model = fit_runs(list_records(runs_dir()), catalog)
     path = save_model(model)
     if json_out:

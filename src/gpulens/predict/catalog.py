@@ -73,7 +73,7 @@ def _read_rows(path: Path) -> list[dict[str, str]]:
             return list(reader)
     except OSError as exc:
         raise UsageError(
-            f"cannot read GPU catalog {path}: {exc.strerror}; pass an existing CSV to --catalog"
+            f"cannot read GPU catalog {path}: {exc.strerror}; pass an existing CSV to --gpu-catalog"
         ) from exc
     except UnicodeDecodeError as exc:
         raise UsageError(
@@ -160,7 +160,7 @@ def find_gpu(name: str, extra: Path | None = None, *, recorded: bool = False) ->
                 best = (len(fragment), spec)
     if best is None:
         known = ", ".join(s.gpu for s in specs)
-        raise UsageError(f"unknown GPU {name!r}; known: {known} (add one with --catalog FILE)")
+        raise UsageError(f"unknown GPU {name!r}; known: {known} (add one with --gpu-catalog FILE)")
     return best[1]
 
 

@@ -65,7 +65,7 @@ def peak_flops_per_s(spec: GpuSpec, column: str) -> float:
         raise UsageError(
             f"the catalog has no {column.removesuffix('_tflops')} peak for {spec.gpu} (left "
             f"empty where the GPU lacks that precision): predict from a run in a precision it "
-            f"has, fill column {column} with --catalog FILE, or pick another GPU"
+            f"has, fill column {column} with --gpu-catalog FILE, or pick another GPU"
         )
     return float(value) * 1e12
 
