@@ -215,6 +215,22 @@ def test_a_run_named_as_a_job_is_the_run_its_curve_is_built_from(capsys, gpulens
     assert "3 runs at workers [2, 4, 8]" in json.loads(out)["jobs"][0]["curve_note"]
 
 
+def test_a_named_run_and_a_workload_of_its_model_get_distinct_labels(capsys, gpulens_home):
+    """A job given as a run is labelled by its run id beside its workload, so that it is not
+    taken for a job of the workload given by name."""
+    shutil.copytree(OLD_RECORD, gpulens_home / "runs" / OLD_RECORD.name)
+    run_id = json.loads((LOADER_RUN / "run.json").read_text())["run_id"]
+    args = ["allocate-workers", str(LOADER_RUN), "resnet50", "--cpus", "16"]
+    code = main([*args, "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert [j["job"] for j in json.loads(out)["jobs"]] == [f"resnet50 ({run_id})", "resnet50"]
+    code = main(args)
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert f"({run_id})" in out and f"resnet50 ({run_id}): measured curve" in out
+
+
 def test_a_named_run_without_a_data_loader_exits_2_naming_it(capsys, gpulens_home):
     synthetic = FIXTURES / "record_h100_resnet50_synthetic"
     code = main(["allocate-workers", str(synthetic), "--cpus", "4"])

@@ -382,11 +382,15 @@ def allocate_workers(
         })  # fmt: skip
         return
     jobs_text = f"{len(jobs)} job" + "s" * (len(jobs) != 1)
-    table = Table(title=f"loader workers for {jobs_text} on {cpus} CPUs ({objective})")
+    table = Table(title=f"loader workers for {jobs_text} on {cpus} CPUs ({objective})",
+                  title_justify="left", **COMPACT)  # fmt: skip
     for col in ("job", "curve", "workers", "samples/s", "even split", "samples/s"):
-        table.add_column(col)
-    for r in frame.to_dict("records"):
-        table.add_row(r["job"], r["curve"], str(r["workers"]), f"{r['samples_per_s']:,.1f}",
+        table.add_column(col, no_wrap=col == "job")  # a run's id in full: it tells jobs apart
+    for r, (name, run) in zip(frame.to_dict("records"), named, strict=True):
+        # a named run's job is labelled by its run id, on a second line (80 columns)
+        run_id = (run or {}).get("run_id")
+        job = Text.assemble(name, "\n", (f"({run_id})", "dim")) if run_id else name
+        table.add_row(job, r["curve"], str(r["workers"]), f"{r['samples_per_s']:,.1f}",
                       str(r["even_workers"]), f"{r['even_samples_per_s']:,.1f}")  # fmt: skip
     common.out.print(table)
     line = f"aggregate ({objective}): {alloc.value:.3f} vs {alloc.even_value:.3f} for an even "

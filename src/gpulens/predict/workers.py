@@ -103,8 +103,9 @@ def _loader_runs(job: str, metas: list[dict]) -> list[dict]:
 def curve_for_job(job: str, metas: list[dict], cpus: int, run: dict | None = None) -> Curve:
     """The job's curve from the store's run.json documents (oldest first): measured where runs
     at two or more worker counts exist (same batch size and GPU as the newest, or as ``run``,
-    a run the user named), else predicted from that run."""
+    a run the user named, then labelled by its run id), else predicted from that run."""
     runs = _loader_runs(job, metas)
+    label = f"{job} ({run['run_id']})" if run is not None and run.get("run_id") else job
     if run is not None:
         if not _loader_runs(job, [run]):
             raise UsageError(
@@ -136,10 +137,10 @@ def curve_for_job(job: str, metas: list[dict], cpus: int, run: dict | None = Non
         ws = sorted(by_workers)
         tput = tuple(statistics.median(by_workers[w]) for w in ws)
         runs_n = sum(len(v) for v in by_workers.values())
-        return Curve(job, tuple(ws), tput, "measured", f"{runs_n} runs at workers {ws}")
+        return Curve(label, tuple(ws), tput, "measured", f"{runs_n} runs at workers {ws}")
     phases = newest.get("phases_s") or {}
     return predicted_curve(
-        job,
+        label,
         int(newest.get("batch_size") or 1),
         _num(phases.get("step")) or 0.0,
         _num(phases.get("data_wait")) or 0.0,
