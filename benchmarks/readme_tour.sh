@@ -6,6 +6,7 @@
 # reference runs beside its measured twin: examples/train_plain.py alone, then under
 # `gpulens run --` (its own samples/s line in both).
 #   OUT=$OUT bash benchmarks/readme_tour.sh            # one GPU, stops starting steps at BUDGET_S
+#   SKIP="plain_alone run_plain" ...                    # leaves out the steps named (recorded so)
 # Writes $OUT/readme_tour-<commit>-<gpu>-<day>.json (the steps) and .tgz (every step's log).
 # `gpulens` is a shim for `python3 -m gpulens.cli` over this checkout's src (the device image has
 # gpulens's dependencies but no network to install it).
@@ -34,6 +35,11 @@ case $gpu in *H100*) other=H200 ;; *) other=H100 ;; esac
 
 step() {  # step NAME TIMEOUT_S 'COMMAND' (run by bash in the tour's HOME, from the checkout)
   local name=$1 limit=$2 cmd=$3 rc t0 t1
+  if [[ " ${SKIP:-} " == *" $name "* ]]; then
+    echo "{\"step\": \"$name\", \"skipped\": \"SKIP\"}" >> "$steps"
+    printf '%-20s skipped (SKIP)\n' "$name"
+    return
+  fi
   if (( SECONDS > BUDGET_S )); then
     echo "{\"step\": \"$name\", \"skipped\": \"budget\"}" >> "$steps"
     printf '%-20s skipped (budget)\n' "$name"
@@ -89,6 +95,7 @@ step allocate_workers 180 'gpulens allocate-workers resnet50 resnet18 --cpus 16'
 step report 120 'gpulens report latest'
 step runs_list 60 'gpulens runs list'
 step runs_compare 60 "gpulens runs compare latest $r18"
+step colocate_streams_mps 240 'gpulens colocate resnet18:batch=64 infer:resnet50:batch=1,rate=100 --mechanisms streams,mps'
 step make_tokens 240 'gpulens data make tokens --out ~/data/tok --n 50000000'
 step run_gpt2 300 'gpulens run gpt2 --data ~/data/tok --until-ci 2 --json'
 step stalls_whatif 300 'gpulens stalls tiny_cnn --data ~/data/img --workers 1 --storage-latency-ms 20'
