@@ -544,4 +544,42 @@ def test_long_job_names_fold_in_an_80_column_table_instead_of_being_cut():
     assert "…" not in text and max(len(line) for line in text.splitlines()) <= 80
     assert _column(text, "job ", "job", "what") == "tiny_cnn" + long
     assert _column(text, "job ", "what", "samples/s") == "train:tiny_cnn" + key
-    assert _column(text, "mechanism ", "job", "samples/s") == "tiny_cnn" + long
+    # the together table: the mechanism's row, then its jobs' rows, indented
+    assert _column(text, "mechanism / job", "mechanism", "samples/s") == (
+        "time-slice · default" + "tiny_cnn" + long
+    )
+
+
+def test_the_together_table_keeps_every_figure_whole_in_80_columns():
+    """As a streams-and-MPS experiment on an H100 printed it: with eleven columns side by side
+    the figures were cut ("6,102…") and the mechanisms folded into four-letter pieces."""
+    import io
+
+    from rich.console import Console
+
+    from gpulens.report.colocate import render_colocate
+
+    jobs = [("resnet18", "train:resnet18:batch=64,precision=fp32", "train", 6728.6, 2131.4,
+             0.0305, 0.0246),
+            ("infer-resnet50", "infer:resnet50:batch=1,precision=fp32,rate=100", "infer",
+             100.0, 100.0, 0.0712, 0.0636)]  # fmt: skip
+    results = []
+    for setting in ("default", "inference high priority"):
+        results.append(_result("streams", setting, jobs))
+    results.append(_result("mps", "thread_pct=25 (training jobs)", jobs))
+    for r, (energy, sm) in zip(results, ((0.083, 73.0), (0.085, 69.0), (0.136, 17.0)), strict=True):
+        r.update(energy_per_sample_j=energy, sm_activity_pct=sm)
+    doc = {
+        "jobs": [{"name": n, "key": k, "throughput_alone": a, "energy_per_sample_alone_j": 0.081,
+                  "peak_mem_bytes": 2.29 * 2**30} for n, k, _, a, *_ in jobs],
+        "results": results, "recommendation": "mps", "duration_s": 15.0, "device": "cuda:0",
+    }  # fmt: skip
+    console = Console(file=io.StringIO(), width=80, record=True)
+    render_colocate(console, doc)
+    text = console.export_text()
+    assert "…" not in text and max(len(line) for line in text.splitlines()) <= 80
+    for figure in ("2,131.4", "3.16x", "30.5", "71.2", "1.32x", "0.79", "0.136", " 17"):
+        assert figure in text, figure
+    # each mechanism's label folds at its spaces, whole words kept
+    for word in ("streams ·", "inference high", "priority", "thread_pct=25", "(training jobs)"):
+        assert word in text, word

@@ -44,24 +44,27 @@ def render_colocate(console: Console, doc: dict[str, Any]) -> None:
         if r["status"] != "ok":  # one line each below the table: an error fits no column
             not_measured.append(r)
             continue
+        # the mechanism's own row carries what belongs to the group, its jobs' rows the rest:
+        # eleven columns side by side do not fit an 80-column terminal
+        rows.append({
+            "mechanism / job": Text(f"{r['mechanism']} · {r['setting']}", style="bold"),
+            "samples/s": "", "slowdown": "", "p50 ms": "", "p99 ms": "",
+            "aggregate": _num(r.get("normalized_aggregate_throughput"), "{:.2f}x"),
+            "Jain": _num(r.get("jain_fairness"), "{:.2f}"),
+            "J/sample": _num(r.get("energy_per_sample_j"), "{:.3f}"),
+            "SM %": _num(r.get("sm_activity_pct"), "{:.0f}"),
+        })  # fmt: skip
         for i, j in enumerate(r["jobs"]):
-            first = i == 0
             rows.append({
-                "mechanism": Text(str(r["mechanism"])) if first else "",
-                "setting": Text(str(r["setting"])) if first else "",
-                "job": Text(str(j["name"])),
+                "mechanism / job": Text("  " + str(j["name"])),
                 "samples/s": _num(j.get("throughput_together")),
                 "slowdown": _num(j.get("slowdown"), "{:.2f}x"),
                 "p50 ms": _ms(j.get("step_time_p50_s")), "p99 ms": _ms(j.get("step_time_p99_s")),
-                "aggregate": _num(r.get("normalized_aggregate_throughput"), "{:.2f}x")
-                if first else "",
-                "Jain": _num(r.get("jain_fairness"), "{:.2f}") if first else "",
-                "J/sample": _num(r.get("energy_per_sample_j"), "{:.3f}") if first else "",
-                "SM %": _num(r.get("sm_activity_pct"), "{:.0f}") if first else "",
+                "aggregate": "", "Jain": "", "J/sample": "", "SM %": "",
                 "_end": i == len(r["jobs"]) - 1,
             })  # fmt: skip
     if rows:
-        console.print(_table("together", rows, left=("mechanism", "setting", "job")))
+        console.print(_table("together", rows, left=("mechanism / job",)))
     for r in not_measured:
         error = str(r.get("error") or "not measured")
         status = "" if error.startswith(str(r["status"])) else f"{r['status']}: "
@@ -87,7 +90,7 @@ def _render_slo(console: Console, doc: dict[str, Any]) -> None:
                 "training kept"):  # fmt: skip
         text = col in ("mechanism", "setting", "tenant")
         table.add_column(col, justify="left" if text else "right",
-                         overflow="fold" if text else "ellipsis")  # fmt: skip
+                         overflow="fold", no_wrap=not text)  # fmt: skip
     for r, j in rows:
         kept = [t for t in r["jobs"] if t.get("kind") == "train" and t.get("slowdown")]
         table.add_row(
@@ -107,9 +110,12 @@ def _table(title: str, rows: list[dict[str, Any]], left: tuple[str, ...]) -> Tab
     headers = [h for h in rows[0] if h != "_end"]
     shown = [h for h in headers if any(str(r[h]) not in ("[dim]n/a[/dim]", "") for r in rows)]
     table = Table(title=title, title_justify="left", **COMPACT)
-    for h in shown:  # names and settings fold onto more lines rather than lose their ends
-        table.add_column(h, justify="left" if h in left else "right",
-                         overflow="fold" if h in left else "ellipsis")  # fmt: skip
+    for h in shown:  # names fold onto more lines; figures are never cut (no_wrap keeps their
+        # width while the names' columns give way)
+        if h in left:
+            table.add_column(h, justify="left", overflow="fold")
+        else:
+            table.add_column(h, justify="right", no_wrap=True)
     for r in rows:
         table.add_row(*(r[h] for h in shown), end_section=bool(r.get("_end")))
     return table
@@ -129,7 +135,7 @@ def render_plan(console: Console, doc: dict[str, Any]) -> None:
         for col in ("jobs", "mechanism", "setting", "aggregate", "worst slowdown"):
             number = col in ("aggregate", "worst slowdown")
             table.add_column(col, justify="right" if number else "left",
-                             overflow="ellipsis" if number else "fold")  # fmt: skip
+                             overflow="fold", no_wrap=number)  # fmt: skip
         for g in p["groups"]:
             table.add_row(Text(" + ".join(g["jobs"])), Text(g["mechanism"]),
                           Text(g["setting"] or ""),
