@@ -11,7 +11,8 @@ scored cases already committed (no GPU needed):
   where none was validated (``validation.ASSUMED_ERROR``);
 - same GPU: ``predict_same_gpu-twenty_two_ladders-*.json`` (batch sizes by regime, 1 -> 2 GPUs,
   with session 33's H200 pair, ``predict_same_gpu-1455e5d-*-gpu_paced_pairs-*.json``),
-  ``predict_same_gpu-ebb5908-NVIDIA_H200-x4-*.json`` (1 -> 4 GPUs) and
+  ``predict_same_gpu-ebb5908-NVIDIA_H200-x4-*.json`` and session 34's
+  ``predict_same_gpu-b543435-NVIDIA_H200-x4-*.json`` (1 -> 4 GPUs; the second's 1 -> 2 too) and
   ``predict_same_gpu-workers-seventeen_ladders-*.json`` (loader workers), each at the figure
   ``predict`` quotes for its regime.
 
@@ -36,6 +37,7 @@ CROSS = "predict_validation-H100_H200-records_and_ladders-six_ladders-2026-11-26
 SAME = "predict_same_gpu-twenty_two_ladders-H100_H200-2026-11-27.json"
 WORKERS = "predict_same_gpu-workers-seventeen_ladders-H100_H200-2026-11-27.json"
 FOUR = "predict_same_gpu-ebb5908-NVIDIA_H200-x4-2026-11-28.json"
+FOUR_AGAIN = "predict_same_gpu-b543435-NVIDIA_H200-x4-2026-11-28.json"
 PAIR = "predict_same_gpu-1455e5d-NVIDIA_H200-x2-gpu_paced_pairs-2026-11-28.json"
 
 
@@ -60,15 +62,19 @@ def groups() -> dict[str, tuple[float, list[float], str]]:
         cases = [c for c in same["batch_cases"] if c["regime"] == regime]
         out[f"same GPU, {regime}"] = (VALIDATED[regime].mape_pct, [_ratio(c) for c in cases], SAME)
     pair = json.loads((RESULTS / PAIR).read_text())["gpus_cases"]
+    four_again = json.loads((RESULTS / FOUR_AGAIN).read_text())
     for host_paced, regime in ((False, "multi_gpu_same_gpu"), (True, "multi_gpu_host_paced")):
-        cases = [c for c in same["gpus_cases"] + pair if c["host_paced"] == host_paced]
+        cases = [c for c in same["gpus_cases"] + pair + four_again["gpus_cases"]
+                 if c["host_paced"] == host_paced]  # fmt: skip
         out[f"1 -> 2 GPUs, {regime}"] = (
-            VALIDATED[regime].mape_pct, [_ratio(c) for c in cases], f"{SAME} + {PAIR}")  # fmt: skip
+            VALIDATED[regime].mape_pct, [_ratio(c) for c in cases],
+            f"{SAME} + {PAIR} + {FOUR_AGAIN}")  # fmt: skip
     four = json.loads((RESULTS / FOUR).read_text())["gpus_more_cases"]
     for host_paced, regime in ((False, "multi_gpu_same_gpu"), (True, "multi_gpu_host_paced")):
-        cases = [c for c in four if c["host_paced"] == host_paced and c["to_gpus"] == 4]
+        cases = [c for c in four + four_again["gpus_more_cases"]
+                 if c["host_paced"] == host_paced and c["to_gpus"] == 4]  # fmt: skip
         pct = max(VALIDATED[regime].mape_pct, VALIDATED["multi_gpu_four"].mape_pct)
-        out[f"1 -> 4 GPUs, {regime}"] = (pct, [_ratio(c) for c in cases], FOUR)
+        out[f"1 -> 4 GPUs, {regime}"] = (pct, [_ratio(c) for c in cases], f"{FOUR} + {FOUR_AGAIN}")
     workers = json.loads((RESULTS / WORKERS).read_text())["worker_run_cases"]
     out["loader workers"] = (VALIDATED["workers"].mape_pct, [_ratio(c) for c in workers], WORKERS)
     return out

@@ -432,13 +432,17 @@ def test_the_validated_figures_are_the_committed_measurements():
             doc["summary"][row]["mape_pct"], abs=0.05
         )
         assert VALIDATED[method].cases == doc["summary"][row]["cases"]
-    # 1 -> 2 GPUs: the ladders' pairs pooled with the H200 pair of session 33
+    # 1 -> 2 GPUs: the ladders' pairs pooled with the H200 pair of session 33 and the 2-GPU
+    # runs of session 34's H200 machine of 4
     later = json.loads(
         next(results.glob("predict_same_gpu-1455e5d-*-gpu_paced_pairs-*.json")).read_text()
     )
+    four = json.loads(
+        (results / "predict_same_gpu-b543435-NVIDIA_H200-x4-2026-11-28.json").read_text()
+    )
     for method, row in (("multi_gpu_same_gpu", "gpus_1_to_2_gpu_paced"),
                         ("multi_gpu_host_paced", "gpus_1_to_2_host_paced")):  # fmt: skip
-        parts = [d["summary"][row] for d in (doc, later)]
+        parts = [d["summary"][row] for d in (doc, later, four)]
         cases = sum(p["cases"] for p in parts)
         pooled = sum(p["mape_pct"] * p["cases"] for p in parts) / cases
         assert VALIDATED[method].mape_pct == pytest.approx(pooled, abs=0.05)
@@ -484,6 +488,14 @@ def test_the_validated_figures_are_the_committed_measurements():
     host_paced = ("batch_up_host_bound", "batch_down_probed")
     batch_rows = [r for r in three_a_side(doc["averaged_cases"]) if r["regime"] in host_paced]
     gpus_rows = three_a_side(doc["averaged_gpus_cases"])
+    # session 34's machine of 4 repeated GPU-paced pairs too (vgg16): only the host-paced count
+    host_paced_there = {
+        r["workload"] for r in four["gpus_cases"] if r["to_gpus"] == 2 and r["host_paced"]
+    } - {r["workload"] for r in four["gpus_cases"] if not r["host_paced"]}
+    four_rows = [
+        r for r in three_a_side(four["averaged_gpus_cases"]) if r["workload"] in host_paced_there
+    ]
+    assert sorted(r["workload"] for r in four_rows) == ["resnet50", "vit_b_16"]
     n_workers = cv["decline"]["median_cases"]
     assert n_workers == len(three_a_side(workers["averaged_worker_cases"]))
     # and the loader-bound 1 -> 2 GPU pairs of dcce8d3 (one H200 host: 12 workers a rank on
@@ -495,7 +507,7 @@ def test_the_validated_figures_are_the_committed_measurements():
     assert len(pair_docs) == 3
     pair_rows = [three_a_side(d["averaged_gpus_cases"]) for d in pair_docs]
     assert [len(rows) for rows in pair_rows] == [1, 1, 1]
-    medians = batch_rows + gpus_rows + [r for rows in pair_rows for r in rows]
+    medians = batch_rows + gpus_rows + four_rows + [r for rows in pair_rows for r in rows]
     assert HOST_PACED_MEDIANS.cases == len(medians) + n_workers
     total = sum(r["ape_pct"] for r in medians) + n_workers * cv["decline"]["medians_mape_pct"]
     assert HOST_PACED_MEDIANS.mape_pct == pytest.approx(
@@ -516,6 +528,7 @@ def test_the_validated_figures_are_the_committed_measurements():
         (len(batch_rows), floors["noise_floor_host_bound_one_gpu"]["target_only_mape_pct"]),
         (n_workers, workers["summary"]["noise_floor_loader_fed"]["mape_pct"]),
         (len(gpus_rows), floors["noise_floor_host_paced_gpus"]["mape_pct"]),
+        (len(four_rows), four["summary"]["noise_floor_host_paced_gpus"]["mape_pct"]),
     ] + [
         (len(rows), d["summary"]["noise_floor_host_paced_gpus"]["mape_pct"])
         for rows, d in zip(pair_rows, pair_docs, strict=True)

@@ -208,16 +208,20 @@ def test_the_workers_decline_is_scored_on_ladders_it_was_not_fitted_on(tmp_path,
 
 def test_the_four_gpu_figure_is_predict_gpus_4_on_the_committed_runs(tmp_path, monkeypatch):
     """`VALIDATED["multi_gpu_four"]` is what `predict --gpus 4` gives on the 1-GPU runs of the
-    4-GPU H200 ladder against its 4-GPU runs, and it beats multiplying by four."""
+    two 4-GPU H200 ladders (sessions 32 and 34, each its own machine) against the 4-GPU runs of
+    the same ladder, and it beats multiplying by four."""
     from gpulens.predict.validation import VALIDATED
 
-    same_gpu, points = _ladder_points(
-        "predict-ladder-ebb5908-NVIDIA_H200-x4-*.tar.xz", tmp_path, monkeypatch
-    )
-    rows = same_gpu.gpus_cases(points, 4)
+    rows, twos = [], []
+    for i, ladder in enumerate(("ebb5908", "b543435")):
+        same_gpu, points = _ladder_points(
+            f"predict-ladder-{ladder}-NVIDIA_H200-x4-*.tar.xz", tmp_path / str(i), monkeypatch
+        )
+        rows += same_gpu.gpus_cases(points, 4)
+        twos += same_gpu.gpus_cases(points)
     assert {r["workload"] for r in rows} == {"resnet50", "vgg16", "vit_b_16", "gpt2"}
     assert {r["to_gpus"] for r in rows} == {4} and len(rows) == VALIDATED["multi_gpu_four"].cases
     assert same_gpu._mape(rows) == pytest.approx(VALIDATED["multi_gpu_four"].mape_pct, abs=0.05)
-    assert same_gpu._mape(rows) * 3 < same_gpu._mape(rows, "naive_ape_pct")
-    # the 2-GPU runs of the same ladder stay apart, in the 1 -> 2 cases
-    assert {r["to_gpus"] for r in same_gpu.gpus_cases(points)} == {2}
+    assert same_gpu._mape(rows) * 2 < same_gpu._mape(rows, "naive_ape_pct")
+    # the 2-GPU runs of the same ladders stay apart, in the 1 -> 2 cases
+    assert {r["to_gpus"] for r in twos} == {2}
