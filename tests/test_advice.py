@@ -66,6 +66,19 @@ def test_each_bar():
     assert a.key == "ran_on_cpu" and a.metric is None
 
 
+def test_low_utilization_advice_fits_the_run():
+    """A bf16 run was told to try --precision bf16 (seen on an H100 in the README's tour), and a
+    loader-bound one to raise its batch size, where the GPU idles waiting for data."""
+    low = {**GOOD, "gpu": {"gpu_util_pct": 50.0}}
+    (a,) = advise(low)
+    assert "larger --batch-size gives" in a.text and "bf16" not in a.text
+    (a,) = advise({**low, "precision": "fp32", "mfu": 0.5})
+    assert "larger --batch-size or --precision bf16 gives" in a.text
+    loader, util = advise({**_with_wait(0.5), "gpu": {"gpu_util_pct": 50.0}})
+    assert loader.key == "loader_bound" and util.key == "low_gpu_util"
+    assert "waits for data" in util.text and "--batch-size" not in util.text
+
+
 def test_most_telling_first_and_missing_numbers_are_no_advice():
     bad = {
         **_with_wait(0.6),

@@ -63,11 +63,18 @@ def advise(summary: Mapping[str, Any]) -> list[Advice]:
     gpu = summary.get("gpu") or {}
     util = gpu.get("gpu_util_pct")
     if util is not None and util < LOW_GPU_UTIL_PCT:
+        if advice:  # loader-bound: the GPU idles waiting for data, not for launches
+            why = "the GPU is idle while the loop waits for data (above)"
+        else:  # bf16 only where the run is not already in a half precision
+            more = " or --precision bf16" if summary.get("precision") == "fp32" else ""
+            why = (
+                f"the GPU is idle between steps; a larger --batch-size{more} gives it more "
+                "work per launch"
+            )
         advice.append(
             Advice(
                 key="low_gpu_util",
-                text=f"GPU utilization is only {util:.0f}%: the GPU is idle between steps; a "
-                "larger --batch-size or --precision bf16 gives it more work per launch",
+                text=f"GPU utilization is only {util:.0f}%: {why}",
                 metric="gpu_util_pct",
                 value=util,
                 threshold=LOW_GPU_UTIL_PCT,
