@@ -64,8 +64,8 @@ def stalls(
         300.0,
         "--time-budget",
         help="Seconds for the whole breakdown: while a share misses --until-ci, gpulens "
-        "repeats the cached run or the cold one (evicting again), whichever narrows it most "
-        "per second, if one more run fits; repeats are pooled.",
+        "repeats the cached run, the cold one (evicting again) or the paired one, whichever "
+        "narrows it most per second, if one more run fits; repeats are pooled.",
     ),
     worker_affinity: str = typer.Option(
         "os",

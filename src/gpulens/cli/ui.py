@@ -9,9 +9,9 @@ from gpulens.errors import UsageError
 
 UI_HELP = (
     "A read-only dashboard over the runs in $GPULENS_HOME: a runs table with filters (kind, "
-    "status, GPU, name or id), each run's page with the figures of `gpulens report` (a running "
-    "run's page reloads every 5 s), and a compare page for the runs you tick. Serves until "
-    "Ctrl-C.\n\n"
+    "workload, GPU, day, status, role in an experiment, name or id), each run's page with the "
+    "figures of `gpulens report` (a running run's page reloads every 5 s), and a compare page "
+    "for the runs you tick. Serves until Ctrl-C.\n\n"
     "It listens on 127.0.0.1 only unless told otherwise; another address needs --token (every "
     "URL then carries it; --token auto makes one).\n\n"
     "\b\nExamples:\n"
