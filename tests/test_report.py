@@ -51,6 +51,22 @@ def test_timeline_draws_every_gpu_sample_and_every_measured_step():
     assert min(util.x) >= 0  # time from the run's first sample or step
 
 
+def test_a_run_with_warm_up_steps_alone_draws_its_gpu_rows_without_a_step_row():
+    """`gpulens run --duration 10 -- python script.py` stopped before its first measured step:
+    its report crashed on the empty bars (plotly refused an empty width Series)."""
+    record = read_record(JPEG)
+    gpu, steps = record.series("gpu"), record.series("steps")
+    warm = steps.head(3).assign(warmup=True)
+    fig = figures.timeline_figure(gpu, warm, "t")
+    assert fig is not None and not _traces(fig, "bar")
+    assert figures.timeline_figure(None, warm, "t") is None
+
+
+def test_the_report_line_counts_one_run_in_the_singular(tmp_path, capsys):
+    assert main(["report", str(JPEG), "-o", str(tmp_path / "r.html")]) == 0
+    assert " 1 run, " in capsys.readouterr().out.replace("\n", "")
+
+
 def test_an_hour_of_steps_is_averaged_into_bins_with_the_same_mean():
     import pandas as pd
 

@@ -111,7 +111,8 @@ def report(
         )  # fmt: skip
         return
     common.out.print(
-        f"wrote {out} ({n_figures} figures, {len(records)} runs, "
+        f"wrote {out} ({n_figures} figure{'s' * (n_figures != 1)}, {len(records)} "
+        f"run{'s' * (len(records) != 1)}, "
         f"{out.stat().st_size / 1e6:.1f} MB): open it in a browser"
     )
 

@@ -95,7 +95,8 @@ def timeline_figure(
     if gpu is not None and gpu_index is not None and "gpu_index" in gpu:
         gpu = gpu[gpu["gpu_index"] == gpu_index]
     has_gpu = gpu is not None and not gpu.empty
-    has_steps = steps is not None and not steps.empty
+    # warm-up steps alone (a command stopped before its first measured step) draw no bars
+    has_steps = steps is not None and not step_phases(steps, 0.0).empty
     if not has_gpu and not has_steps:
         return None
     starts = []
