@@ -318,6 +318,27 @@ def test_ctrl_c_of_a_wrapped_command_exits_130_too(tmp_path):
     assert "interrupted (Ctrl-C)" in err
 
 
+def test_a_command_started_with_sigint_ignored_is_not_marked_killed_by_it(tmp_path):
+    """Started as a shell's background job (SIGINT ignored, which the command inherits), a
+    SIGINT to gpulens is ignored as a built-in run ignores it: gpulens caught it, passed it on
+    to a command that ignored it, let it run to its end and recorded the run as "killed"."""
+    import os
+    import signal
+
+    env = dict(os.environ, GPULENS_HOME=str(tmp_path))
+    script = "import time\nfor _ in range(30): time.sleep(0.1)\n"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpulens.cli", "run", "--no-store", "--json", "--",
+         sys.executable, "-c", script],
+        env=env, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    out, err = _ctrl_c_once_recorded(proc, tmp_path, after_s=1.0)
+    assert proc.returncode == 0, err[-2000:]
+    doc = json.loads(out)
+    assert doc["status"] == "finished" and doc["returncode"] == 0
+
+
 def test_main_reads_its_own_arguments_not_sys_argv(capsys, gpulens_home, monkeypatch):
     """`--` in main(argv) means a command follows, whatever sys.argv holds (in-process calls)."""
     monkeypatch.setattr(sys, "argv", ["pytest"])

@@ -166,7 +166,11 @@ def _run_child(
         if child.poll() is None:
             child.send_signal(signum)
 
-    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    # A signal gpulens was started with ignored (SIGINT in a shell's background job) stays
+    # ignored, as the child inherits it ignored and a built-in run ignores it: caught and passed
+    # on, it left the command running to its end and the record saying "killed".
+    caught = [s for s in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(s) != signal.SIG_IGN]
+    old = {s: signal.signal(s, forward) for s in caught}
     t0_unix = time.time()
     t0 = time.perf_counter()
     try:
