@@ -224,6 +224,33 @@ def test_store_list_total_is_honest_and_kind_filters(tmp_path, monkeypatch):
     assert result.exit_code == 0 and "1 of 1" not in result.stdout and "more" in result.stdout
 
 
+def test_store_list_keeps_run_id_and_status_whole_in_80_columns(tmp_path, monkeypatch):
+    """`runs list --store` on an 80-column terminal cut the run id to "202…" and left status
+    off the table (a long workload took the width); it fits its columns as `runs list` does."""
+    import io
+
+    from rich.console import Console
+
+    import gpulens.cli.common as common
+
+    pytest.importorskip("mlflow")
+    run_id = "20240301-000001-abcdef"
+    w = RunWriter(tmp_path / "runs", kind="command", name="python", run_id=run_id)
+    long_cmd = "/work/main/.venv/bin/python examples/train_tracked.py --epochs 500 --no-track"
+    w.update(summary={"workload": long_cmd, "throughput_samples_per_s": 10.0})
+    w.finish()
+    monkeypatch.setenv("GPULENS_HOME", str(tmp_path))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'store.db'}")
+    assert _json(runner.invoke(runs_app, ["sync", "--json"]))["failed"] == []
+    buf = io.StringIO()
+    monkeypatch.setattr(common, "out", Console(file=buf, width=80))
+    result = runner.invoke(runs_app, ["list", "--store"])
+    assert result.exit_code == 0, result.output
+    text = buf.getvalue()
+    assert run_id in text and "finished" in text, text
+    assert all(len(line) <= 80 for line in text.splitlines())
+
+
 def test_compare_keeps_field_names_on_one_line_in_80_columns(tmp_path, monkeypatch):
     """A long field name is one line (its middle cut where it cannot fit), not folded into
     two; the values wrap instead, and no run's column is cut off the table."""

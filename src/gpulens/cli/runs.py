@@ -136,15 +136,44 @@ _LIST_COLUMNS: list[tuple[str, Any, int, dict[str, Any]]] = [
     ("mlflow", lambda r: "synced" if r["mlflow_run_id"] else "", 6, {}),
 ]
 _LIST_DROP_ORDER = ("mlflow", "name", "dur s", "device", "created")
+# `runs list --store`: at 80 columns the run id was cut to "202…" and status fell off the table
+_STORE_COLUMNS: list[tuple[str, Any, int, dict[str, Any]]] = [
+    ("run id", lambda r: _cell(r.get("run_id")), 22, {"style": "bold"}),
+    ("status", lambda r: _status(r.get("status")), 8, {}),
+    ("name", lambda r: _cell(r.get("name")), 6, {"overflow": "ellipsis", "ratio": 2}),
+    ("workload", lambda r: _cell(r.get("workload")), 10, {"overflow": "ellipsis", "ratio": 2}),
+    ("device", lambda r: _cell(r.get("device")), 6, {"overflow": "ellipsis", "ratio": 1}),
+    ("mlflow run id", lambda r: _cell(r.get("mlflow_run_id")), 32, {}),
+]
+_STORE_DROP_ORDER = ("mlflow run id", "device", "name")
 
 
-def _fit_columns(width: int) -> list[tuple[str, Any, int, dict[str, Any]]]:
-    columns = list(_LIST_COLUMNS)
-    for header in _LIST_DROP_ORDER:
+def _fit_columns(
+    width: int, columns=_LIST_COLUMNS, drop_order=_LIST_DROP_ORDER
+) -> list[tuple[str, Any, int, dict[str, Any]]]:
+    columns = list(columns)
+    for header in drop_order:
         if sum(c[2] + 3 for c in columns) <= width:
             break
         columns = [c for c in columns if c[0] != header]
     return columns
+
+
+def _fitted_table(title: str, rows: list[dict[str, Any]], columns, drop_order) -> Table:
+    """``rows`` under the ``columns`` that fit the terminal (dropping those in ``drop_order``
+    first); the flexible columns (with a ratio) share what is left, never more: a long command
+    line in "workload" would otherwise squeeze the run id and status out of sight."""
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    columns = _fit_columns(common.out.width, columns, drop_order)
+    slack = max(0, common.out.width - sum(c[2] + 3 for c in columns))
+    ratios = sum(c[3].get("ratio", 0) for c in columns) or 1
+    for header, _, width, kwargs in columns:
+        share = slack * kwargs["ratio"] // ratios if "ratio" in kwargs else None
+        extra = {"max_width": width + share} if share is not None else {}
+        table.add_column(header, no_wrap=True, min_width=width, **kwargs, **extra)
+    for row in rows:
+        table.add_row(*(cell(row) for _, cell, _, _ in columns))
+    return table
 
 
 @runs_app.command("list", help="Stored runs, newest first.")
@@ -184,24 +213,8 @@ def list_runs(
             f"[dim]no runs in {runs_dir()}: start one with `gpulens run`[/dim]", soft_wrap=True
         )
         return
-    table = Table(
-        title=f"runs ({len(rows)} of {total}, newest first)",
-        title_justify="left",
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
-    )
-    columns = _fit_columns(common.out.width)
-    # the flexible columns share what is left, never more: a long command line in "workload"
-    # would otherwise squeeze status and samples/s out of sight
-    slack = max(0, common.out.width - sum(c[2] + 3 for c in columns))
-    ratios = sum(c[3].get("ratio", 0) for c in columns) or 1
-    for header, _, width, kwargs in columns:
-        share = slack * kwargs["ratio"] // ratios if "ratio" in kwargs else None
-        extra = {"max_width": width + share} if share is not None else {}
-        table.add_column(header, no_wrap=True, min_width=width, **kwargs, **extra)
-    for row in rows:
-        table.add_row(*(cell(row) for _, cell, _, _ in columns))
-    common.out.print(table)
+    title = f"runs ({len(rows)} of {total}, newest first)"
+    common.out.print(_fitted_table(title, rows, _LIST_COLUMNS, _LIST_DROP_ORDER))
     for bad in damaged:
         common.err.print(Text(bad.message(), style="red"), soft_wrap=True)
 
@@ -229,18 +242,8 @@ def _list_store_runs(limit: int, status: str | None, kind: str | None, json_out:
         if total is not None
         else f"the newest {len(rows)}; more in the store"
     )
-    table = Table(
-        title=f"runs in {uri} ({shown})",
-        title_justify="left",
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
-    )
-    for header in ("run_id", "name", "status", "workload", "device", "mlflow_run_id"):
-        table.add_column(header, no_wrap=True)
-    for row in rows:
-        table.add_row(*(_cell(row.get(h)) for h in ("run_id", "name", "status", "workload",
-                                                      "device", "mlflow_run_id")))  # fmt: skip
-    common.out.print(table)
+    title = f"runs in {uri} ({shown})"
+    common.out.print(_fitted_table(title, rows, _STORE_COLUMNS, _STORE_DROP_ORDER))
 
 
 # ----------------------------------------------------------------------------- show
