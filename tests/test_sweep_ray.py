@@ -75,3 +75,31 @@ def test_a_cell_without_a_gpu_takes_the_smallest_nodes_cpus():
     ]
     assert smallest_node_cpus(nodes) == 8.0
     assert smallest_node_cpus([]) == 1
+
+
+def test_a_ray_address_where_nothing_listens_fails_in_seconds_with_one_line(monkeypatch):
+    """`--ray-address 127.0.0.1:1` hung the sweep for over ten minutes in Ray's connect
+    retries; `--ray-address auto` with no cluster printed "internal error: ConnectionError"."""
+    import socket
+
+    import ray
+
+    from gpulens.errors import RuntimeFailure
+    from gpulens.sweep.ray_executor import RayExecutor
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t0 = time.monotonic()
+    for address in (f"127.0.0.1:{port}", f"ray://127.0.0.1:{port}"):
+        with pytest.raises(RuntimeFailure, match="no Ray cluster answers at .*ray start --head"):
+            RayExecutor(address=address)
+    assert time.monotonic() - t0 < 10
+
+    def no_cluster(**_):
+        raise ConnectionError("Could not find any running Ray instance. Please specify one.")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", no_cluster)
+    with pytest.raises(RuntimeFailure, match="Could not find any running Ray instance\\)"):
+        RayExecutor(address="auto").run([], lambda c: None, lambda c, r: False)

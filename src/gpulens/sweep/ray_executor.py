@@ -5,9 +5,10 @@ cells never share a node's cores. Ray is imported here only (optional extra ``sw
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
 
-from gpulens.errors import MissingExtraError
+from gpulens.errors import MissingExtraError, RuntimeFailure
 from gpulens.launch.cli_child import ChildResult, run_gpulens
 from gpulens.sweep.cells import Cell
 
@@ -24,6 +25,38 @@ def smallest_node_cpus(nodes: list[dict]) -> float:
     return min(cpus) if cpus else 1
 
 
+CONNECT_TIMEOUT_S = 3.0  # the probe of --ray-address before Ray's own (minutes of) retries
+_ADDRESS_HELP = (
+    "start a cluster with `ray start --head` (then --ray-address auto or HEAD_IP:6379, or "
+    "ray://HEAD_IP:10001), or leave out --ray-address for a local Ray"
+)
+
+
+def _host_port(address: str) -> tuple[str, int] | None:
+    """``(host, port)`` of ``HOST:PORT`` or ``ray://HOST:PORT``; None for ``auto`` and
+    addresses without a port (Ray resolves those itself)."""
+    rest = address.split("://", 1)[-1].rstrip("/")
+    host, sep, port = rest.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        return None
+    return host.strip("[]"), int(port)
+
+
+def check_reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    """One TCP connection to ``address``: where nothing listens Ray's own connect retries for
+    over ten minutes (a mistyped --ray-address hung the sweep that long)."""
+    target = _host_port(address)
+    if target is None:
+        return
+    try:
+        socket.create_connection(target, timeout=timeout_s).close()
+    except OSError as exc:
+        reason = "timed out" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
+        raise RuntimeFailure(
+            f"no Ray cluster answers at {address} ({reason.lower()}): {_ADDRESS_HELP}"
+        ) from None
+
+
 class RayExecutor:
     """Submits cells as Ray tasks; retries are resubmitted from the driver."""
 
@@ -32,6 +65,8 @@ class RayExecutor:
             import ray  # noqa: F401
         except ImportError:
             raise MissingExtraError("ray", "sweep") from None
+        if address:
+            check_reachable(address)
         self.address = address
         self.num_cpus = num_cpus
 
@@ -46,7 +81,14 @@ class RayExecutor:
 
         if not ray.is_initialized():
             if self.address:
-                ray.init(address=self.address, log_to_driver=False)
+                try:
+                    ray.init(address=self.address, log_to_driver=False)
+                except ConnectionError as exc:  # `auto` with no cluster on this machine
+                    reason = str(exc).split(". ")[0].rstrip(".")
+                    raise RuntimeFailure(
+                        f"no Ray cluster at --ray-address {self.address} ({reason}): "
+                        f"{_ADDRESS_HELP}"
+                    ) from None
             else:
                 # A local cluster for this sweep only: no dashboard (halves ray.init's time).
                 ray.init(num_cpus=self.num_cpus, log_to_driver=False, include_dashboard=False)
