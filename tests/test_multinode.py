@@ -218,3 +218,26 @@ def test_stalls_takes_the_same_node_options(tmp_path, capsys):
                  "2", "--node-rank", "0", "--no-store"])  # fmt: skip
     err = capsys.readouterr().err
     assert code == 2 and "--nnodes 2 needs --master-addr" in err and "Traceback" not in err
+
+
+def test_the_joined_runs_throughput_interval_is_low_high_as_every_runs():
+    """A joined run's `throughput_ci95_samples_per_s` was one number (the half-width in
+    samples/s, 205.4), where every other run and the README give `[low, high]`."""
+    from types import SimpleNamespace
+
+    from gpulens.record.join import SHARD_KEY, joined_summary
+
+    def shard(node: int) -> SimpleNamespace:
+        meta = {
+            SHARD_KEY: {"node_rank": node, "hostname": "h", "ranks": [node], "run_id": "r",
+                        "nnodes": 2},
+            "summary": {"batch_size": 8, "measured_steps": 10, "throughput_ci95_pct": 20.0,
+                        "throughput_samples_per_s": 500.0},
+            "effective_config": {"backend": "gloo"},
+        }  # fmt: skip
+        return SimpleNamespace(meta=meta, run_id=f"r.node{node}", status="finished", dir=Path())
+
+    summary = joined_summary({0: shard(0), 1: shard(1)})
+    assert summary["throughput_samples_per_s"] == 1000.0
+    low, high = summary["throughput_ci95_samples_per_s"]
+    assert 0 < low < 1000.0 < high

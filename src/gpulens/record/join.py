@@ -35,6 +35,7 @@ from gpulens.record.tracker import (
     rank_series_name,
 )
 from gpulens.record.writer import atomic_write_json, now_iso
+from gpulens.stats import rate_ci95
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +186,7 @@ def joined_summary(by_node: Mapping[int, RunRecord]) -> dict[str, Any]:
         "measured_steps": min((s.get("measured_steps") or 0) for s in shard_sums),
         "throughput_samples_per_s": total,
         "throughput_ci95_pct": ci_pct,
-        "throughput_ci95_samples_per_s": total * ci_pct / 100.0 if total and ci_pct else None,
+        "throughput_ci95_samples_per_s": rate_ci95(total, ci_pct),  # [low, high] as every run
         "phases_s": combined.get("phases_s") or first.get("phases_s"),
         "nnodes": len(by_node),
         "nodes": nodes,
