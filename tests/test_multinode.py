@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -241,3 +242,24 @@ def test_the_joined_runs_throughput_interval_is_low_high_as_every_runs():
     assert summary["throughput_samples_per_s"] == 1000.0
     low, high = summary["throughput_ci95_samples_per_s"]
     assert 0 < low < 1000.0 < high
+
+
+@pytest.mark.parametrize("node", [0, 1])
+def test_a_node_alone_says_whom_it_waits_for_and_gives_up_in_its_time(tmp_path, node):
+    """A node whose partner never comes (a mistyped --master-port) printed nothing for the
+    whole timeout (600 s: node 1 took twice that, then dumped c10d's C++ stack frames); it
+    now says after a few seconds whom it waits for, and ends with one line at the timeout."""
+    timeout_s = 8
+    env = {**os.environ, "GPULENS_HOME": str(tmp_path), "GPULENS_RENDEZVOUS_TIMEOUT_S": "8"}
+    argv = [sys.executable, "-m", "gpulens.cli", "run", "tiny_cnn", "--device", "cpu",
+            "--steps", "2", "--nnodes", "2", "--node-rank", str(node), "--master-addr",
+            "127.0.0.1", "--master-port", str(free_port()), "--no-store"]  # fmt: skip
+    t0 = time.monotonic()
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    took_s = time.monotonic() - t0
+    other = 1 - node
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert f"node {node}: waiting for node {other} at 127.0.0.1:" in proc.stderr
+    assert "frame #" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: ")
+    assert took_s < timeout_s + 15  # start-up, then the timeout once (not twice)

@@ -36,6 +36,8 @@ SOURCES = ("flags", "torchrun", "slurm")
 RENDEZVOUS_TIMEOUT_ENV = "GPULENS_RENDEZVOUS_TIMEOUT_S"
 DEFAULT_RENDEZVOUS_TIMEOUT_S = 600.0  # nodes of one job may start minutes apart
 BYE_WAIT_S = 5.0
+NOTICE_AFTER_S = 5.0  # a node still waiting for the others after this says so on stderr
+POLL_S = 0.2
 # Options every node must run alike (the ranks would deadlock otherwise); data paths and
 # storage emulation may differ per node.
 SAME_ON_EVERY_NODE = (
@@ -271,8 +273,10 @@ class NodeRendezvous:
         timeout = datetime.timedelta(seconds=self.timeout_s)
         if not self.serves:
             try:
-                return dist.TCPStore(topo.master_addr, topo.master_port, None, False, timeout)
-            except (RuntimeError, dist.DistStoreError) as exc:
+                left_s = self._await_node0()
+                left = datetime.timedelta(seconds=max(1.0, left_s))
+                return dist.TCPStore(topo.master_addr, topo.master_port, None, False, left)
+            except (RuntimeError, dist.DistStoreError, OSError) as exc:
                 raise RuntimeFailure(
                     f"node {topo.node_rank} could not reach node 0 at {topo.master_addr}:"
                     f"{topo.master_port} within {self.timeout_s:.0f} s ({_first_line(exc)}); "
@@ -302,19 +306,59 @@ class NodeRendezvous:
             ip, topo.master_port, None, True, timeout, wait_for_workers=False, master_listen_fd=fd
         )
 
+    def _say_waiting(self, whom: str) -> None:
+        """One line on stderr while a node waits (silent, a mistyped --master-port looked like
+        a hang of ten minutes and more)."""
+        topo = self.topo
+        log.warning(
+            "gpulens: node %d: waiting for %s at %s:%d (at most %.0f s, %s)", topo.node_rank,
+            whom, topo.master_addr, topo.master_port, self.timeout_s, RENDEZVOUS_TIMEOUT_ENV,
+        )  # fmt: skip
+
+    def _await_node0(self) -> float:
+        """Wait until node 0's port accepts a connection; the seconds left of the timeout.
+        Polled here, not in TCPStore's own connect: that retried for twice the timeout and
+        printed c10d's C++ stack frames on the way."""
+        topo, t0 = self.topo, time.monotonic()
+        said = False
+        while True:
+            left = self.timeout_s - (time.monotonic() - t0)
+            try:
+                socket.create_connection(
+                    (topo.master_addr, topo.master_port), min(2.0, left)
+                ).close()
+                return left
+            except OSError:
+                if time.monotonic() - t0 + POLL_S >= self.timeout_s:
+                    raise
+            if not said and time.monotonic() - t0 >= NOTICE_AFTER_S:
+                self._say_waiting("node 0")
+                said = True
+            time.sleep(POLL_S)
+
     # --- key-value exchange ----------------------------------------------------------------
     def _set(self, key: str, doc: Any) -> None:
         self.store.set(self.prefix + key, json.dumps(doc))
 
     def _get_all(
-        self, key: str, timeout_s: float, nodes: range | None = None
+        self, key: str, timeout_s: float, nodes: range | None = None, notice: bool = False
     ) -> dict[int, Any] | None:
         """``key/<node>`` of every node (or of ``nodes``), or None when one is missing after
-        ``timeout_s``."""
+        ``timeout_s``; ``notice``: say on stderr which nodes it waits for after a few seconds.
+        Polled (``check``), not ``wait``: a wait that times out prints c10d's warnings."""
         nodes = range(self.topo.nnodes) if nodes is None else nodes
         keys = {r: f"{self.prefix}{key}/{r}" for r in nodes}
+        t0 = time.monotonic()
         try:
-            self.store.wait(list(keys.values()), datetime.timedelta(seconds=timeout_s))
+            while not self.store.check(list(keys.values())):
+                waited = time.monotonic() - t0
+                if waited >= timeout_s:
+                    return None
+                if notice and waited >= NOTICE_AFTER_S:
+                    missing = [str(r) for r, k in keys.items() if not self.store.check([k])]
+                    self._say_waiting(f"node{'s' if len(missing) > 1 else ''} {', '.join(missing)}")
+                    notice = False
+                time.sleep(POLL_S)
             return {r: json.loads(self.store.get(k)) for r, k in keys.items()}
         except Exception as exc:  # a store gone (node 0 ended) or a timeout: nothing more
             log.debug("rendezvous: %s not from every node: %s", key, exc)
@@ -327,7 +371,7 @@ class NodeRendezvous:
         if topo.node_rank == 0:
             self._set("run_id", proposed_run_id)
         self._set(f"node/{topo.node_rank}", dict(facts))
-        nodes = self._get_all("node", self.timeout_s)
+        nodes = self._get_all("node", self.timeout_s, notice=True)
         if nodes is None:
             raise RuntimeFailure(
                 f"not every one of the {topo.nnodes} nodes arrived within {self.timeout_s:.0f} s "
