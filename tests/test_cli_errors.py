@@ -339,6 +339,30 @@ def test_a_command_started_with_sigint_ignored_is_not_marked_killed_by_it(tmp_pa
     assert doc["status"] == "finished" and doc["returncode"] == 0
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["run", "tiny_cnn", "--device", "cpu", "--steps", "1", "--no-store"],
+        ["run", "--no-store", "--", sys.executable, "-c", "pass"],
+        ["demo", "--device", "cpu", "--steps", "1", "--no-store"],
+        ["sweep", "SPEC"],
+    ],
+    ids=["run", "run-command", "demo", "sweep"],
+)
+def test_a_gpulens_home_that_is_no_folder_is_one_usage_line(capsys, tmp_path, monkeypatch, args):
+    """GPULENS_HOME naming a file printed "internal error: NotADirectoryError" (run, sweep),
+    or told demo, which has no --out, to "choose an --out you can write to"."""
+    home = tmp_path / "home"
+    home.write_text("not a folder")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("name: s\ncommand: run\nworkload: [tiny_cnn]\noptions: {steps: 1}\n")
+    monkeypatch.setenv("GPULENS_HOME", str(home))
+    code, _, err = run_cli(capsys, *[str(spec) if a == "SPEC" else a for a in args])
+    assert code == 2, err
+    assert "GPULENS_HOME" in err and "internal error" not in err and "--out you" not in err
+    assert len(err.strip().splitlines()) <= 2, err  # demo may print its device line first
+
+
 def test_main_reads_its_own_arguments_not_sys_argv(capsys, gpulens_home, monkeypatch):
     """`--` in main(argv) means a command follows, whatever sys.argv holds (in-process calls)."""
     monkeypatch.setattr(sys, "argv", ["pytest"])

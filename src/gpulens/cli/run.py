@@ -372,6 +372,13 @@ def demo(
     data_dir = gpulens_home() / "demo-data" / "images"
     n_images = 2048 if gpu else 384
     if not data_dir.exists():
+        try:  # the demo's own folder: no --out to name, GPULENS_HOME is what to change
+            data_dir.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(
+                f"cannot write under {gpulens_home()} ({exc.strerror or exc}): set "
+                "GPULENS_HOME to a folder you can write (default ~/.gpulens)"
+            ) from None
         with common.progress("demo", unit="images") as progress:
             make_images(
                 data_dir,

@@ -17,6 +17,7 @@ import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from gpulens.errors import UsageError
 from gpulens.record import schema
 from gpulens.record.redact import redact
 
@@ -169,7 +170,15 @@ class RunWriter:
     ):
         self.run_id = run_id or new_run_id()
         self.dir = Path(runs_root) / self.run_id
-        (self.dir / schema.SERIES_DIR).mkdir(parents=True, exist_ok=False)
+        try:
+            (self.dir / schema.SERIES_DIR).mkdir(parents=True, exist_ok=False)
+        except FileExistsError:
+            raise
+        except OSError as exc:  # GPULENS_HOME a file, unwritable, on a missing mount...
+            raise UsageError(
+                f"cannot write run records under {runs_root} ({exc.strerror or exc}): set "
+                "GPULENS_HOME to a folder you can write (default ~/.gpulens)"
+            ) from None
         proc = psutil.Process()
         self.meta: dict[str, Any] = {
             "schema_version": schema.SCHEMA_VERSION,

@@ -110,7 +110,15 @@ def run_sweep(
     cell's final state."""
     cells = expand(config.spec)
     sweep_dir = sweep_dir_for(config, cells)
-    sweep_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        from gpulens.errors import UsageError
+
+        raise UsageError(
+            f"cannot make the sweep directory {sweep_dir} ({exc.strerror or exc}): give --out "
+            "a folder you can write, or set GPULENS_HOME to one"
+        ) from None
     (sweep_dir / "spec.json").write_text(
         json.dumps({"name": config.spec.name, "cells": [c.config for c in cells]}, indent=1)
     )
