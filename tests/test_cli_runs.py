@@ -251,6 +251,23 @@ def test_store_list_keeps_run_id_and_status_whole_in_80_columns(tmp_path, monkey
     assert all(len(line) <= 80 for line in text.splitlines())
 
 
+def test_store_list_of_an_unreachable_server_names_no_sync(monkeypatch):
+    """`runs list --store` against a server that is down said "`gpulens runs sync` logs it
+    later", though listing logs nothing; it names the tracking URI to check instead."""
+    import socket
+
+    pytest.importorskip("mlflow")
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{port}")
+    result = runner.invoke(runs_app, ["list", "--store"])
+    assert result.exit_code == 1
+    message = str(result.exception)
+    assert "unreachable" in message and "MLFLOW_TRACKING_URI" in message
+    assert "runs sync" not in message
+
+
 def test_compare_keeps_field_names_on_one_line_in_80_columns(tmp_path, monkeypatch):
     """A long field name is one line (its middle cut where it cannot fit), not folded into
     two; the values wrap instead, and no run's column is cut off the table."""

@@ -47,6 +47,7 @@ MLFLOW_HTTP_ENV = {
 }
 _DB_PORTS = {"postgresql": 5432, "postgres": 5432, "mysql": 3306, "mssql": 1433}
 _SYNC_HINT = "`gpulens runs sync` logs it later"
+READ_HINT = "start the tracking server, or check MLFLOW_TRACKING_URI, and ask again"
 
 
 class StoreUnavailableError(RuntimeFailure):
@@ -242,13 +243,14 @@ def check_store(uri: str, timeout_s: float = REACHABILITY_TIMEOUT_S) -> Reachabi
     return Reachability(display_uri(uri), None, True, f"not checked ({scheme} store)")
 
 
-def require_reachable(uri: str, timeout_s: float = REACHABILITY_TIMEOUT_S) -> Reachability:
-    """:func:`check_store`, raising :class:`StoreUnavailableError` where gpulens cannot log."""
+def require_reachable(
+    uri: str, timeout_s: float = REACHABILITY_TIMEOUT_S, hint: str = _SYNC_HINT
+) -> Reachability:
+    """:func:`check_store`, raising :class:`StoreUnavailableError` where gpulens cannot log;
+    ``hint`` ends its message (by default: `gpulens runs sync` logs the record later)."""
     found = check_store(uri, timeout_s)
     if not found.ok:
-        raise StoreUnavailableError(
-            f"MLflow store {found.tracking_uri}: {found.detail}; {_SYNC_HINT}"
-        )
+        raise StoreUnavailableError(f"MLflow store {found.tracking_uri}: {found.detail}; {hint}")
     return found
 
 

@@ -12,7 +12,12 @@ from typing import Any
 
 from gpulens.errors import UsageError
 from gpulens.paths import default_tracking_uri
-from gpulens.store.availability import mlflow_http_limits, open_client, require_reachable
+from gpulens.store.availability import (
+    READ_HINT,
+    mlflow_http_limits,
+    open_client,
+    require_reachable,
+)
 
 MAX_STORE_RUNS = 10_000
 
@@ -31,7 +36,7 @@ def store_runs(
     mlflow = mlflow_sink.import_mlflow()
     uri = tracking_uri or default_tracking_uri()
     experiment = experiment or mlflow_sink.default_experiment()
-    require_reachable(uri)
+    require_reachable(uri, hint=READ_HINT)  # nothing is logged here: no `runs sync` to suggest
     wanted = limit if limit and limit > 0 else MAX_STORE_RUNS
     with mlflow_http_limits():
         client = open_client(mlflow, uri)
