@@ -268,6 +268,18 @@ def test_store_list_of_an_unreachable_server_names_no_sync(monkeypatch):
     assert "runs sync" not in message
 
 
+def test_list_filters_say_what_they_left_out(home):
+    """`runs list --status bogus` printed "no runs in ...: start one with `gpulens run`" over
+    a store of runs (exit 0); an unknown status is a usage error, and a filter that matches
+    nothing says so."""
+    result = runner.invoke(runs_app, ["list", "--status", "bogus"])
+    assert isinstance(result.exception, UsageError)  # exit 2 through gpulens's main
+    assert "choose one of running, finished" in str(result.exception)
+    result = runner.invoke(runs_app, ["list", "--kind", "bogus"])
+    assert result.exit_code == 0
+    assert "start one" not in result.stdout and "has kind bogus" in result.stdout
+
+
 def test_compare_keeps_field_names_on_one_line_in_80_columns(tmp_path, monkeypatch):
     """A long field name is one line (its middle cut where it cannot fit), not folded into
     two; the values wrap instead, and no run's column is cut off the table."""

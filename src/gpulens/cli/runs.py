@@ -18,7 +18,9 @@ from rich.table import Table
 from rich.text import Text
 
 from gpulens.cli import common
+from gpulens.errors import UsageError
 from gpulens.paths import default_tracking_uri, runs_dir
+from gpulens.record import schema
 from gpulens.record.reader import DamagedRecord, RunRecord, scan_records
 from gpulens.store.queries import (
     EXPORT_FORMATS,
@@ -189,11 +191,15 @@ def list_runs(
         "server) instead of this machine's records.",
     ),
 ) -> None:
+    statuses = (*schema.STATUSES, "damaged")
+    if status and status not in statuses:
+        raise UsageError(f"--status {status!r}: choose one of {', '.join(statuses)}")
     if from_store:
         _list_store_runs(limit, status, kind, json_out)
         return
     readable, damaged = scan_records(runs_dir())
     records: list[RunRecord | DamagedRecord] = [*reversed(readable), *reversed(damaged)]
+    stored = len(records)
     if status:
         records = [r for r in records if r.status == status]
     if kind:
@@ -209,9 +215,11 @@ def list_runs(
         )
         return
     if not rows:
-        common.out.print(
-            f"[dim]no runs in {runs_dir()}: start one with `gpulens run`[/dim]", soft_wrap=True
-        )
+        text = f"no runs in {runs_dir()}: start one with `gpulens run`"
+        if stored:  # the filters left none: not an empty store
+            asked = " and ".join(f"{k} {v}" for k, v in (("status", status), ("kind", kind)) if v)
+            text = f"none of the {stored} runs in {runs_dir()} has {asked}"
+        common.out.print(Text(text, style="dim"), soft_wrap=True)
         return
     title = f"runs ({len(rows)} of {total}, newest first)"
     common.out.print(_fitted_table(title, rows, _LIST_COLUMNS, _LIST_DROP_ORDER))
@@ -357,8 +365,6 @@ def compare(
     runs: list[str] = typer.Argument(..., help="Two or more run ids (or prefixes, or 'latest')."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
 ) -> None:
-    from gpulens.errors import UsageError
-
     if len(runs) < 2:
         raise UsageError("give at least two runs to compare: see `gpulens runs list`")
     records = [find_run(r) for r in runs]
