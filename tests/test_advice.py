@@ -105,6 +105,15 @@ def test_advice_is_frozen_and_the_terminal_renders_it():
     assert COMPARE_TIP in text
 
 
+def test_a_run_without_a_gpu_shows_its_gpu_lines_as_n_a():
+    """The README: a metric this machine cannot measure is shown as n/a, never left out."""
+    buf = io.StringIO()
+    summary = {**GOOD, "device": "cpu", "gpu": None, "mfu": None}
+    render_train_summary(Console(file=buf, width=120), "r1", Path("/x"), summary)
+    (line,) = [x for x in buf.getvalue().splitlines() if x.startswith("GPU")]
+    assert "n/a" in line and "utilization" in line
+
+
 def test_advice_imports_without_torch():
     code = "import sys; sys.modules['torch'] = None; import gpulens.run.advice"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

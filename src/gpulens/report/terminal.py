@@ -97,6 +97,8 @@ def render_train_summary(
         table.add_row("  energy / sample", _fmt(gpu.get("energy_per_sample_j"), " J", 3))
         mfu = summary.get("mfu")
         table.add_row("  MFU", _fmt(100 * mfu if mfu is not None else None, "%"))
+    else:  # shown as n/a, as the README says of what a machine cannot measure, not left out
+        table.add_row("GPU", "[dim]n/a[/dim] (no GPU measured: utilization, memory, power, MFU)")
     host = summary.get("host") or {}
     table.add_row("CPU utilization", _fmt(host.get("cpu_util_pct"), "% of all cores"))
     table.add_row("  this run's processes", _fmt(host.get("proc_tree_cpu_pct"), "% of one core"))
