@@ -5,10 +5,21 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from gpulens.errors import UsageError
+
 
 def gpulens_home() -> Path:
     """``$GPULENS_HOME`` or ``~/.gpulens``."""
     return Path(os.environ.get("GPULENS_HOME") or Path.home() / ".gpulens").expanduser()
+
+
+def unwritable_home(where: Path, exc: OSError) -> UsageError:
+    """The one line for a gpulens home it cannot write under (a file, read-only, a missing
+    mount): GPULENS_HOME is what to change."""
+    return UsageError(
+        f"cannot write under {where} ({exc.strerror or exc}): set GPULENS_HOME to a folder "
+        "you can write (default ~/.gpulens)"
+    )
 
 
 def runs_dir(home: Path | None = None) -> Path:

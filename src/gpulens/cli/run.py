@@ -12,7 +12,7 @@ from gpulens.cli import common
 from gpulens.cli import nodes as common_nodes
 from gpulens.cli.common import DEVICE_HELP, JSON_HELP, SKIP_BAD_HELP
 from gpulens.errors import GpulensError, UsageError
-from gpulens.paths import gpulens_home, runs_dir
+from gpulens.paths import gpulens_home, runs_dir, unwritable_home
 
 RUN_HELP = (
     "Run a built-in WORKLOAD under the monitor, or monitor any command given after `--`.\n\n"
@@ -375,10 +375,7 @@ def demo(
         try:  # the demo's own folder: no --out to name, GPULENS_HOME is what to change
             data_dir.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise UsageError(
-                f"cannot write under {gpulens_home()} ({exc.strerror or exc}): set "
-                "GPULENS_HOME to a folder you can write (default ~/.gpulens)"
-            ) from None
+            raise unwritable_home(gpulens_home(), exc) from None
         with common.progress("demo", unit="images") as progress:
             make_images(
                 data_dir,

@@ -17,7 +17,7 @@ import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from gpulens.errors import UsageError
+from gpulens.paths import unwritable_home
 from gpulens.record import schema
 from gpulens.record.redact import redact
 
@@ -175,10 +175,7 @@ class RunWriter:
         except FileExistsError:
             raise
         except OSError as exc:  # GPULENS_HOME a file, unwritable, on a missing mount...
-            raise UsageError(
-                f"cannot write run records under {runs_root} ({exc.strerror or exc}): set "
-                "GPULENS_HOME to a folder you can write (default ~/.gpulens)"
-            ) from None
+            raise unwritable_home(Path(runs_root), exc) from None
         proc = psutil.Process()
         self.meta: dict[str, Any] = {
             "schema_version": schema.SCHEMA_VERSION,

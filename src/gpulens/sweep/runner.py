@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from gpulens.errors import UsageError
 from gpulens.launch.cli_child import ChildResult
 from gpulens.paths import gpulens_home
 from gpulens.sweep.cells import Cell, expand, sweep_id
@@ -18,7 +19,7 @@ from gpulens.sweep.state import CellState, now, read_state, write_state
 ERROR_LINES = 5
 # A cell that exits with gpulens's usage-error code (a bad value in the spec) would fail the
 # same way again: it is not retried.
-USAGE_EXIT_CODE = 2
+USAGE_EXIT_CODE = UsageError.exit_code
 # What --json shows of a cell's state.
 CELL_FIELDS = ("cell_id", "config", "status", "attempts", "run_id", "error", "exit_code", "summary")
 # Headline figures copied from a cell's --json document into its summary, when present.
