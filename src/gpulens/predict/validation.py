@@ -144,7 +144,7 @@ VALIDATED: dict[str, Validated] = {
     "multi_gpu_host_paced": Validated(
         8.7,
         189,
-        "1 -> 2 GPUs on H200 pairs where the host's pace, as long as the slowest rank's, plus "
+        "1 -> 2 GPUs on H200 machines where the host's pace, as long as the slowest rank's, plus "
         "DDP's host time per gradient tensor bound the step (9.7% on the 100 pairs measured "
         "after that rule, single runs, which move 11% from process to process)",
     ),
