@@ -542,9 +542,10 @@ def test_long_job_names_fold_in_an_80_column_table_instead_of_being_cut():
     render_colocate(console, doc)
     text = console.export_text()
     assert "…" not in text and max(len(line) for line in text.splitlines()) <= 80
-    assert _column(text, "job ", "job", "what") == "tiny_cnn" + long
-    assert _column(text, "job ", "what", "samples/s") == "train:tiny_cnn" + key
-    # the together table: the mechanism's row, then its jobs' rows, indented
+    assert _column(text, "job ", "job", "samples/s") == "tiny_cnn" + long
+    assert key in text.split()  # the job's key whole, on a line of its own if need be
+    # the together tables: one row per mechanism, then each mechanism's jobs, indented
+    assert _column(text, "mechanism  ", "mechanism", "aggregate") == "time-slice · default"
     assert _column(text, "mechanism / job", "mechanism", "samples/s") == (
         "time-slice · default" + "tiny_cnn" + long
     )
@@ -580,6 +581,7 @@ def test_the_together_table_keeps_every_figure_whole_in_80_columns():
     assert "…" not in text and max(len(line) for line in text.splitlines()) <= 80
     for figure in ("2,131.4", "3.16x", "30.5", "71.2", "1.32x", "0.79", "0.136", " 17"):
         assert figure in text, figure
-    # each mechanism's label folds at its spaces, whole words kept
-    for word in ("streams ·", "inference high", "priority", "thread_pct=25", "(training jobs)"):
-        assert word in text, word
+    # each mechanism's label and each job's name whole, on one line
+    for label in ("streams · default", "streams · inference high priority",
+                  "mps · thread_pct=25 (training jobs)", "  infer-resnet50 "):  # fmt: skip
+        assert label in text, label

@@ -26,11 +26,16 @@ def render_colocate(console: Console, doc: dict[str, Any]) -> None:
     console.print(
         f"[bold]collocation on {escape(str(where))}[/bold] · {doc.get('duration_s')} s per run"
     )
+    # a job's full key (kind:workload:options) would squeeze the alone table's figures in 80
+    # columns: it gets a line of its own
+    width = max(len(str(j["name"])) for j in doc["jobs"])
+    for j in doc["jobs"]:
+        console.print(Text.assemble(f"  {str(j['name']):<{width}}  ", (str(j["key"]), "dim")))
     alone_rows = []
     for j in doc["jobs"]:
         mem = j.get("peak_mem_bytes")
         alone_rows.append({
-            "job": Text(str(j["name"])), "what": Text(str(j["key"])),
+            "job": Text(str(j["name"])),
             "samples/s": _num(j.get("throughput_alone")),
             "p50 ms": _ms(j.get("step_time_p50_alone_s")),
             "p99 ms": _ms(j.get("step_time_p99_alone_s")),
@@ -38,33 +43,36 @@ def render_colocate(console: Console, doc: dict[str, Any]) -> None:
             "J/sample": _num(j.get("energy_per_sample_alone_j"), "{:.3f}"),
         })  # fmt: skip
     console.print(_table("alone (p50/p99: step time, or latency of inference)", alone_rows,
-                         left=("job", "what")))  # fmt: skip
-    rows, not_measured = [], []
+                         left=("job",)))  # fmt: skip
+    groups, rows, not_measured = [], [], []
     for r in doc["results"]:
-        if r["status"] != "ok":  # one line each below the table: an error fits no column
+        if r["status"] != "ok":  # one line each below the tables: an error fits no column
             not_measured.append(r)
             continue
-        # the mechanism's own row carries what belongs to the group, its jobs' rows the rest:
-        # eleven columns side by side do not fit an 80-column terminal
-        rows.append({
-            "mechanism / job": Text(f"{r['mechanism']} · {r['setting']}", style="bold"),
-            "samples/s": "", "slowdown": "", "p50 ms": "", "p99 ms": "",
+        # what belongs to the group and what to each job go in two tables: nine columns side
+        # by side do not fit an 80-column terminal without folding the labels to pieces
+        label = f"{r['mechanism']} · {r['setting']}"
+        groups.append({
+            "mechanism": Text(label),
             "aggregate": _num(r.get("normalized_aggregate_throughput"), "{:.2f}x"),
             "Jain": _num(r.get("jain_fairness"), "{:.2f}"),
             "J/sample": _num(r.get("energy_per_sample_j"), "{:.3f}"),
             "SM %": _num(r.get("sm_activity_pct"), "{:.0f}"),
         })  # fmt: skip
+        rows.append({"mechanism / job": Text(label, style="bold"), "samples/s": "",
+                     "slowdown": "", "p50 ms": "", "p99 ms": ""})  # fmt: skip
         for i, j in enumerate(r["jobs"]):
             rows.append({
                 "mechanism / job": Text("  " + str(j["name"])),
                 "samples/s": _num(j.get("throughput_together")),
                 "slowdown": _num(j.get("slowdown"), "{:.2f}x"),
                 "p50 ms": _ms(j.get("step_time_p50_s")), "p99 ms": _ms(j.get("step_time_p99_s")),
-                "aggregate": "", "Jain": "", "J/sample": "", "SM %": "",
                 "_end": i == len(r["jobs"]) - 1,
             })  # fmt: skip
-    if rows:
-        console.print(_table("together", rows, left=("mechanism / job",)))
+    if groups:
+        console.print(_table("together: each mechanism (aggregate: the sum of together/alone)",
+                             groups, left=("mechanism",)))  # fmt: skip
+        console.print(_table("together: each job", rows, left=("mechanism / job",)))
     for r in not_measured:
         error = str(r.get("error") or "not measured")
         status = "" if error.startswith(str(r["status"])) else f"{r['status']}: "
