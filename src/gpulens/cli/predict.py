@@ -134,9 +134,10 @@ def _table(prediction, facts, summary: dict) -> Table:
         "loader workers": f"{facts.workers}",
         "step time": ms(facts.step_s),
         "throughput": f"{tput:,.1f} samples/s" if tput else "-",
-        "  compute": ms(facts.compute_s),
+        # split as the prediction splits it, so the parts add up to the step in both columns
+        "  compute": ms(facts.compute_s + facts.bookkeeping_s),
         "  communication": "-",  # inside compute in a measured DDP step
-        "  data": ms(facts.data_wait_s + facts.h2d_s),
+        "  data": ms(facts.data_wait_in_step_s + facts.h2d_s),
     }
     predicted = {
         "on": where,

@@ -64,6 +64,18 @@ class RunFacts:
         return self.step_s - self.data_wait_s - self.h2d_s - self.compute_s
 
     @property
+    def bookkeeping_s(self) -> float:
+        """Step time in no phase (loop bookkeeping), counted with compute."""
+        return max(self.overhead_s, 0.0)
+
+    @property
+    def data_wait_in_step_s(self) -> float:
+        """The data wait less any overlap of the phases (a slightly negative remainder), so
+        that compute + bookkeeping + data wait + copy add up to the step. ``predict`` splits a
+        step so, in its measured column as in its prediction: an unchanged run predicts itself."""
+        return max(0.0, self.data_wait_s + min(self.overhead_s, 0.0))
+
+    @property
     def non_data_s(self) -> float:
         """The step less its data wait and copy: what the GPU and its all-reduce decide."""
         return self.step_s - self.data_wait_s - self.h2d_s

@@ -422,10 +422,7 @@ def predict_run(record, target: Target, catalog: Path | None = None) -> Predicti
             regimes.append("batch_up" if target_gpu_bound else "batch_up_host_bound")
         else:
             regimes.append("batch_down_probed" if facts.host_issue_s is not None else "batch_down")
-    # Bookkeeping time goes with compute; a negative remainder (phase means that overlap
-    # the step by a little) comes off the data wait, so the parts still add up to the step.
-    overhead = facts.overhead_s
-    compute = host + core * ratio + max(overhead, 0.0)
+    compute = host + core * ratio + facts.bookkeeping_s  # the parts add up to the step
     comm_tgt = comm.exposed_s(tgt_spec, target.gpus, target.nodes, target.network_gbps)
     if multi_gpu:
         source = (
@@ -465,7 +462,7 @@ def predict_run(record, target: Target, catalog: Path | None = None) -> Predicti
     notes += unknown
     h2d = facts.h2d_s * batch / facts.batch_size
     busy = compute + comm_tgt + h2d
-    data_wait = max(0.0, facts.data_wait_s + min(overhead, 0.0))
+    data_wait = facts.data_wait_in_step_s
     data_wait, loader_notes, loader_unknown = _loader_wait(
         record, facts, busy, data_wait, batch, workers, loader_bound, target.gpus
     )
