@@ -235,6 +235,16 @@ def test_stalls_cli_json_contract_with_a_paired_cold_run(capsys, jpegs, gpulens_
     assert again["breakdown_pct"] == pytest.approx(doc["breakdown_pct"])
     paired = doc["fetch_paired"]
     assert doc["runs"]["cold"] is None and doc["runs"]["paired_cold"]
+    import io
+
+    from rich.console import Console
+
+    from gpulens.report.terminal import render_stalls
+
+    console = Console(file=io.StringIO(), width=80, record=True)
+    render_stalls(console, doc)
+    text = " ".join(console.export_text().split())
+    assert "over 1 worker the fetch stall" in text and "1 workers" not in text
     assert doc["all_runs"]["paired_cold"][-1] == doc["runs"]["paired_cold"]
     # 20 ms per cold file, shared by 1 worker: the emulated delay includes the real read, so
     # the extra is 20 ms less the cached read it replaces (up to ~1.5 ms on a loaded machine),

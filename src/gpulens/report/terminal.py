@@ -257,10 +257,11 @@ def render_stalls(console: Console, doc: dict[str, Any], width: int = 60) -> Non
         last = paired["runs"][-1]
         extra, read = last["extra_ms_per_cold_sample"], last["extra_read_ms_per_cold_sample"]
         fetch, fetch_ci = paired["fetch_ms_per_sample"], paired["fetch_ci95_ms"]
+        workers = paired["workers"]
         console.print(
             f"paired cold run: a cold sample costs a loader worker {extra:.2f} ms more "
-            f"({read:.2f} ms of it reading); over {paired['workers']} workers the fetch stall "
-            f"is {fetch:.3f} ± {fetch_ci:.3f} ms per sample. Check: the paired run went at "
+            f"({read:.2f} ms of it reading); over {workers} worker{'s' * (workers != 1)} the fetch "
+            f"stall is {fetch:.3f} ± {fetch_ci:.3f} ms per sample. Check: the paired run went at "
             f"{last['samples_per_s']:,.0f} samples/s, the breakdown implies "
             f"{last['expected_samples_per_s']:,.0f}"
         )

@@ -176,8 +176,9 @@ def summarize_prep(
             "the bottleneck: add workers, or make batches cheaper to hand over"
         )
     out["explanation"] = (
-        f"{n_workers} workers x 1/{prep_s * 1e3:.2f} ms per sample can deliver "
-        f"{capacity:.1f} samples/s, {ratio:.2f}x the {consumed_samples_per_s:.1f} samples/s "
+        f"{n_workers} worker{'s' * (n_workers != 1)} x 1/{prep_s * 1e3:.2f} ms per sample can "
+        f"deliver {capacity:.1f} samples/s, {ratio:.2f}x the {consumed_samples_per_s:.1f} "
+        "samples/s "
         f"{'consumed' if out['consumed_source'] == 'argument' else 'delivered'}: {verdict}"
     )
     return out

@@ -198,8 +198,8 @@ def run_stalls(
             f"fetch stall from a paired cold run: the loader workers alternate batch by batch "
             f"between the {half} half of the files and the cached half; each cold batch's "
             "extra time per sample over the same worker's cached batches just before and "
-            f"after it, shared by {workers} workers, adds to the cached time per sample (the "
-            "cold throughput shown is that sum)"
+            f"after it, shared by {workers} worker{'s' * (workers != 1)}, adds to the cached "
+            "time per sample (the cold throughput shown is that sum)"
         )
     elif config.emulated_storage:
         result.fetch_method = "emulated_storage"
