@@ -97,3 +97,36 @@ def test_a_command_stopped_at_duration_says_so_and_when_nothing_was_measured():
     text = buf.getvalue()
     assert "stopped at --duration" in text and "exit code" not in text
     assert "no steps measured" in text and "longer --duration" in text
+
+
+def test_the_demo_names_the_run_command_its_tips_apply_to(capsys, monkeypatch, tmp_path):
+    """The demo's tips said "try more --workers" and "use --until-ci 2", options the demo does
+    not take: it also prints its job as a `gpulens run` command, with the data it made."""
+    import gpulens.cli.run as cli_run
+    from gpulens.cli import main
+
+    monkeypatch.setenv("GPULENS_HOME", str(tmp_path))
+    made = []
+
+    def make_images(out, n, progress):  # the folder the config checks, without the JPEGs
+        made.append(out)
+        out.mkdir(parents=True)
+
+    monkeypatch.setattr("gpulens.data.datagen.make_images", make_images)
+    summary = {**BASE, "throughput_ci95_pct": 24.8, "workers": 1}
+    monkeypatch.setattr(
+        cli_run,
+        "train_and_store",
+        lambda config, store, kind, label: RunResult(
+            run_id="r1", record_dir=tmp_path / "runs" / "r1", kind="demo", summary=summary
+        ),
+    )
+    assert main(["demo", "--device", "cpu", "--no-store"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "use --until-ci 2" in text  # a `gpulens run` option ...
+    data = tmp_path / "demo-data" / "images"
+    assert made == [data]
+    # ... and the command to use it on
+    assert f"`gpulens run tiny_cnn --data {data} --batch-size 32 --precision fp32 --workers 1`" in (
+        text
+    )

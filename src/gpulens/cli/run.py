@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -147,14 +148,14 @@ def train_and_store(config, store: bool, kind: str = "train", label: str = "run"
     return result
 
 
-def show_training(result, json_out: bool) -> None:
+def show_training(result, json_out: bool, more_tips: tuple[str, ...] = ()) -> None:
     if json_out:
         common.emit_json(train_json(result))
         return
     from gpulens.report.terminal import render_train_summary
 
     summary = result.as_dict()["summary"]
-    render_train_summary(common.out, result.run_id, result.record_dir, summary)
+    render_train_summary(common.out, result.run_id, result.record_dir, summary, more_tips)
     common_nodes.render_node_end(summary)  # a node of a multi-node run: the joined run
 
 
@@ -391,4 +392,11 @@ def demo(
         data=str(data_dir),
         name="demo",
     )
-    show_training(train_and_store(config, store, kind="demo", label="demo"), json_out)
+    result = train_and_store(config, store, kind="demo", label="demo")
+    # the tips name `gpulens run`'s options (--workers, --until-ci, ...), which the demo lacks
+    data = str(data_dir).replace(str(Path.home()), "~", 1)
+    as_run = (
+        f"gpulens run {config.workload} --data {data} --batch-size {config.batch_size} "
+        f"--precision {config.precision} --workers {result.summary.get('workers')}"
+    )
+    show_training(result, json_out, (f"the demo's job as a run, to try the tips on: `{as_run}`",))

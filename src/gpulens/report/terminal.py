@@ -43,9 +43,13 @@ def next_steps(summary: dict[str, Any]) -> list[str]:
 
 
 def render_train_summary(
-    console: Console, run_id: str, record_dir, summary: dict[str, Any]
+    console: Console,
+    run_id: str,
+    record_dir,
+    summary: dict[str, Any],
+    more_tips: tuple[str, ...] = (),
 ) -> None:
-    """The summary ``gpulens run`` and ``gpulens demo`` print."""
+    """The summary ``gpulens run`` and ``gpulens demo`` print; ``more_tips`` go last in "Next"."""
     title = (
         f"{summary['workload']} on {summary['device']} · {summary['precision']} · "
         f"batch {summary['batch_size']}"
@@ -106,7 +110,7 @@ def render_train_summary(
     console.print(table)
     console.print(Text(f"run {run_id} · record {record_dir}", style="dim"), soft_wrap=True)
     console.print("[bold]Next:[/bold]")
-    for tip in next_steps(summary):
+    for tip in [*next_steps(summary), *more_tips]:
         console.print(Text(f"  • {tip}"))
 
 
