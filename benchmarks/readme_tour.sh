@@ -87,6 +87,7 @@ step make_images 300 'gpulens data make images --out ~/data/img --n 20000'
 step run_resnet50_jpeg 300 'gpulens run resnet50 --precision bf16 --data ~/data/img --workers 15'
 r50=$(newest_run)
 step predict_workers 120 "gpulens predict $r50 --workers 8"
+step stalls_resnet50 330 'gpulens stalls resnet50 --data ~/data/img --workers 15 --precision bf16'
 step plain_alone 240 'python3 examples/train_plain.py -b 32 --model resnet18'
 step run_plain 240 'gpulens run --duration 60 -- python examples/train_plain.py -b 32 --model resnet18'
 step run_plain_stopped 120 'gpulens run --duration 10 -- python examples/train_plain.py -b 32 --model resnet18 --steps 100000'
@@ -94,6 +95,12 @@ step run_tracked 300 'gpulens run -- python examples/train_tracked.py'
 step allocate_workers 180 'gpulens allocate-workers resnet50 resnet18 --cpus 16'
 step report 120 'gpulens report latest'
 step runs_list 60 'gpulens runs list'
+# a new user's slips: each one usage line, exit 2, and no record left behind (rc 0 iff none)
+step mistakes 120 'n0=$(ls ~/.gpulens/runs | wc -l)
+gpulens run -- nosuchcmd; echo "rc=$?"
+gpulens colocate resnet18:batch=64 resnet18:batch=64 --mechanisms mig; echo "rc=$?"
+gpulens predict latest --gpu RTX9999; echo "rc=$?"
+n1=$(ls ~/.gpulens/runs | wc -l); echo "records added: $((n1 - n0))"; test "$n1" -eq "$n0"'
 step runs_compare 60 "gpulens runs compare latest $r18"
 step colocate_streams_mps 240 'gpulens colocate resnet18:batch=64 infer:resnet50:batch=1,rate=100 --mechanisms streams,mps'
 step make_tokens 240 'gpulens data make tokens --out ~/data/tok --n 50000000'
