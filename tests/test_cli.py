@@ -112,12 +112,31 @@ def test_empty_dataset_dir_names_the_fix(capsys, tmp_path, gpulens_home):
     assert all(r.status == "failed" for r in list_records(gpulens_home / "runs"))
 
 
-def test_command_that_cannot_start(capsys, gpulens_home):
-    code, _, err = run_cli(capsys, "run", "--no-store", "--", "no-such-program-xyz", "--flag")
-    assert code == 1
-    assert "could not start 'no-such-program-xyz'" in err
-    (rec,) = list_records(gpulens_home / "runs")
-    assert rec.status == "failed"
+@pytest.mark.parametrize(
+    ("command", "fragment"),
+    [
+        (
+            ["no-such-program-xyz", "--flag"],
+            "command not found: no-such-program-xyz (is it on PATH?",
+        ),
+        (["./no/such/script.sh"], "'./no/such/script.sh' does not exist: check the path"),
+        (["NOT_EXECUTABLE"], "is not an executable file: run it through its interpreter"),
+    ],
+    ids=["not-on-path", "no-such-path", "not-executable"],
+)
+def test_command_that_cannot_start_is_one_usage_line_and_no_record(
+    capsys, tmp_path, gpulens_home, command, fragment
+):
+    """A mistyped command left a `failed` run record and exited 1: a usage error (exit 2), found
+    before any record is opened, for `run` and `stalls` alike."""
+    script = tmp_path / "train.sh"
+    script.write_text("echo hi\n")  # no +x
+    command = [str(script) if c == "NOT_EXECUTABLE" else c for c in command]
+    for args in (["run", "--no-store"], ["stalls", "--data", str(tmp_path), "--no-store"]):
+        code, _, err = run_cli(capsys, *args, "--", *command)
+        assert code == 2, err
+        assert fragment in err and "Traceback" not in err
+        assert list_records(gpulens_home / "runs") == []  # nothing left behind
 
 
 def test_failing_command_is_recorded_failed(capsys, gpulens_home):

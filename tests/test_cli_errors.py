@@ -367,7 +367,7 @@ def test_main_reads_its_own_arguments_not_sys_argv(capsys, gpulens_home, monkeyp
     """`--` in main(argv) means a command follows, whatever sys.argv holds (in-process calls)."""
     monkeypatch.setattr(sys, "argv", ["pytest"])
     code, _, err = run_cli(capsys, "run", "--no-store", "--", "no-such-program-xyz")
-    assert code == 1 and "could not start 'no-such-program-xyz'" in err
+    assert code == 2 and "command not found: no-such-program-xyz" in err
     monkeypatch.setattr(sys, "argv", ["gpulens", "--"])
     code, _, err = run_cli(capsys, "run", "no-such-program-xyz")
     assert code == 2 and "unknown workload 'no-such-program-xyz'" in err

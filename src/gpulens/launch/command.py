@@ -15,7 +15,7 @@ from typing import Any
 
 from gpulens.errors import RuntimeFailure, UsageError
 from gpulens.launch.injection import injected_env
-from gpulens.launch.processes import reap, spawn
+from gpulens.launch.processes import check_command, reap, spawn
 from gpulens.probes.monitor import ProbeSpec
 from gpulens.probes.summary import summarize_gpu, summarize_host
 from gpulens.record.tracker import RUN_DIR_ENV, read_tracker_summary
@@ -74,6 +74,7 @@ def run_command(
         if not inject:
             raise UsageError("--steps with a command needs its steps timed: drop --no-inject")
         extra_env[MAX_STEPS_ENV] = str(max_steps)
+    check_command(argv)  # a mistyped command: one usage line, and no record left behind
     # The record exists before the slow start-up (NVML, importing torch for the environment,
     # the sampler), so a run killed in its first seconds still leaves one.
     requested = {

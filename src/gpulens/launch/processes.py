@@ -58,25 +58,31 @@ T = TypeVar("T")
 
 
 # ----------------------------------------------------------------------------- commands
-def check_command(argv: list[str], what: str = "command") -> None:
-    """A usage error, before anything runs, when ``argv[0]`` cannot be started."""
+def check_command(argv: list[str], what: str | None = None) -> None:
+    """A usage error, before anything runs (before a run record is opened), when ``argv[0]``
+    cannot be started: a name not on PATH, a path that does not exist, or a file that is not
+    executable. ``what`` starts the message (``cmd: job a``)."""
+    prefix = f"{what}: " if what else ""
     if not argv or not argv[0]:
-        raise UsageError(f"{what}: the command is empty: give a program and its arguments")
+        raise UsageError(f"{prefix}the command is empty: give a program and its arguments")
     program = argv[0]
     if os.sep in program:
         path = Path(program)
         if not path.exists():
-            raise UsageError(f"{what}: '{program}' does not exist: check the path")
+            raise UsageError(f"{prefix}'{program}' does not exist: check the path")
         if path.is_dir() or not os.access(path, os.X_OK):
             raise UsageError(
-                f"{what}: '{program}' is not an executable file: "
+                f"{prefix}'{program}' is not an executable file: "
                 f"run it through its interpreter (e.g. python {program}) or chmod +x it"
             )
         return
     if shutil.which(program) is None:
+        here = (
+            f"; to run the file {program} here, give ./{program}" if Path(program).is_file() else ""
+        )
         raise UsageError(
-            f"{what}: '{program}' was not found on PATH: check its spelling, install it, "
-            "or give its full path"
+            f"{prefix}command not found: {program} (is it on PATH? check its spelling, install "
+            f"it, or give its full path{here})"
         )
 
 

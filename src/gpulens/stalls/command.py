@@ -26,6 +26,7 @@ import shlex
 from pathlib import Path
 
 from gpulens.errors import RuntimeFailure, UsageError
+from gpulens.launch.processes import check_command
 from gpulens.run.result import RunResult
 from gpulens.stalls.config import ProgressFn, StallResult
 from gpulens.stalls.model import measure_run
@@ -85,6 +86,7 @@ def run_stalls_command(
 
     if not argv:
         raise UsageError("no command given: gpulens stalls --data PATH -- python train.py ...")
+    check_command(argv)  # before the dataset is looked at, and before any run
     if str(data) == "synthetic":
         raise UsageError(
             "the stall breakdown needs the on-disk dataset the script reads: give --data PATH"
