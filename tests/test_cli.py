@@ -136,7 +136,37 @@ def test_command_that_cannot_start_is_one_usage_line_and_no_record(
         code, _, err = run_cli(capsys, *args, "--", *command)
         assert code == 2, err
         assert fragment in err and "Traceback" not in err
+        assert len(err.strip().splitlines()) == 1, err  # no "monitoring: ..." above it
         assert list_records(gpulens_home / "runs") == []  # nothing left behind
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--", "no-such-program-xyz"], "command not found: no-such-program-xyz"),
+        (["--steps", "0", "--", sys.executable, "-c", "pass"], "--steps must be a positive"),
+        (["--steps", "3", "--no-inject", "--", sys.executable, "-c", "pass"], "drop --no-inject"),
+        (["HOME_IS_A_FILE", "--", sys.executable, "-c", "pass"], "GPULENS_HOME"),
+    ],
+    ids=["not-found", "steps-0", "steps-no-inject", "home-a-file"],
+)
+def test_a_command_usage_error_comes_without_the_monitoring_line(
+    capsys, tmp_path, monkeypatch, gpulens_home, args, fragment
+):
+    """`monitoring: CMD` was printed before the command was checked, then the error under it."""
+    if args[0] == "HOME_IS_A_FILE":
+        (tmp_path / "home-file").write_text("not a folder")
+        monkeypatch.setenv("GPULENS_HOME", str(tmp_path / "home-file"))
+        args = args[1:]
+    code, _, err = run_cli(capsys, "run", "--no-store", *args)
+    assert code == 2 and fragment in err, err
+    assert "monitoring" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_command_that_starts_is_announced_once(capsys, gpulens_home):
+    code, _, err = run_cli(capsys, "run", "--no-store", "--", sys.executable, "-c", "pass")
+    assert code == 0, err
+    assert err.count(f"monitoring: {sys.executable} -c pass") == 1, err
 
 
 def test_failing_command_is_recorded_failed(capsys, gpulens_home):

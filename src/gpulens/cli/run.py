@@ -337,11 +337,14 @@ def run_command(
     from gpulens.launch.command import run_command as monitor_command
     from gpulens.report.terminal import render_command_summary
 
-    common.err.print(Text(f"monitoring: {' '.join(argv)}", style="dim"), soft_wrap=True)
+    def starting() -> None:  # once the command is checked: a usage error comes alone
+        common.err.print(Text(f"monitoring: {' '.join(argv)}", style="dim"), soft_wrap=True)
+
     with common.live_store(store):
         result = monitor_command(
             argv, runs_dir(), sample_hz=sample_hz, name=name, stdout_to_stderr=json_out,
             inject=inject, duration_s=duration_s, metrics=metrics, max_steps=max_steps,
+            on_start=starting,
         )  # fmt: skip
     common.store_record(result.record_dir, store)
     if json_out:

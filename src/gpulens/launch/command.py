@@ -9,6 +9,7 @@ import shlex
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,7 @@ def run_command(
     duration_s: float | None = None,
     metrics=None,
     max_steps: int | None = None,
+    on_start: Callable[[], None] | None = None,
 ) -> CommandResult:
     """Run ``argv`` to completion under the GPU and host monitor, in a run record of ``kind``.
     The child finds the run directory in ``$GPULENS_RUN_DIR`` (the tracking API uses it), plus
@@ -64,7 +66,7 @@ def run_command(
     :data:`SIGINT_GRACE_S`); the run then ends ``finished`` with ``stop_reason: duration``.
     ``metrics``: a :class:`gpulens.web.metrics.MetricsEndpoint` serving Prometheus metrics.
     ``max_steps``: an injected script ends after this many measured steps (``stop_reason:
-    steps``)."""
+    steps``). ``on_start`` is called once everything is checked, as the command starts."""
     if not argv:
         raise UsageError("no command given: gpulens run -- python train.py ...")
     extra_env = dict(extra_env or {})
@@ -90,7 +92,9 @@ def run_command(
     with measured_run(
         runs_root, kind=kind, name=name, role=role, requested_config=requested, metrics=metrics
     ) as run:
-        returncode = _run(argv, run, sample_hz, stdout_to_stderr, extra_env, inject, duration_s)
+        returncode = _run(
+            argv, run, sample_hz, stdout_to_stderr, extra_env, inject, duration_s, on_start
+        )
     result = run.result()
     summary = result.as_dict()["summary"]
     return CommandResult(result.run_id, result.record_dir, returncode, result.status, summary)
@@ -104,12 +108,13 @@ def _run(
     extra_env: dict[str, str],
     inject: bool = True,
     duration_s: float | None = None,
+    on_start: Callable[[], None] | None = None,
 ) -> int:
     env = dict(os.environ, **extra_env, **{RUN_DIR_ENV: str(run.dir)})
     with contextlib.ExitStack() as stack:
         if inject:
             env = stack.enter_context(injected_env(env))
-        return _run_child(argv, run, sample_hz, stdout_to_stderr, env, duration_s)
+        return _run_child(argv, run, sample_hz, stdout_to_stderr, env, duration_s, on_start)
 
 
 def _wait(child, duration_s: float | None, injected: bool = False) -> tuple[int, bool]:
@@ -142,8 +147,11 @@ def _run_child(
     stdout_to_stderr: bool,
     env: dict,
     duration_s: float | None = None,
+    on_start: Callable[[], None] | None = None,
 ) -> int:
     gpus = run.writer.meta.get("environment", {}).get("gpus") or []
+    if on_start is not None:
+        on_start()
     try:
         # SIGTERM when gpulens dies: the command may stop its own children (torchrun does).
         # Same process group as gpulens: a terminal's Ctrl-C and reads from it work as before.
