@@ -169,6 +169,22 @@ def test_a_command_that_starts_is_announced_once(capsys, gpulens_home):
     assert err.count(f"monitoring: {sys.executable} -c pass") == 1, err
 
 
+def test_a_command_run_is_named_after_its_script_not_the_interpreter(
+    capsys, tmp_path, gpulens_home
+):
+    """A wrapped command's run was named after its interpreter ("python3"), the name `runs
+    compare` and the report head their columns with: its script's name now."""
+    script = tmp_path / "my_train.py"
+    script.write_text("pass\n")
+    code, out, err = run_cli(
+        capsys, "run", "--no-store", "--json", "--", sys.executable, str(script)
+    )
+    assert code == 0, err
+    rec = read_record(Path(json.loads(out)["record_dir"]))
+    assert rec.meta["name"] == "my_train.py"
+    assert rec.meta["requested_config"]["command"] == f"{sys.executable} {script}"
+
+
 def test_failing_command_is_recorded_failed(capsys, gpulens_home):
     code, out, err = run_cli(
         capsys, "run", "--no-store", "--json", "--", sys.executable, "-c", "import sys; sys.exit(3)"

@@ -311,3 +311,55 @@ def test_compare_keeps_field_names_on_one_line_in_80_columns(tmp_path, monkeypat
     from gpulens.cli.runs import _middle_cut
 
     assert _middle_cut(key, 16) == "paired_…e_cached" and _middle_cut(key, 40) == key
+
+
+@pytest.mark.parametrize(
+    ("command", "label"),
+    [
+        ("/usr/bin/python3 examples/train_plain.py -b 32", "train_plain.py"),
+        (["python", "-u", "-W", "ignore", "train.py", "--epochs", "1"], "train.py"),
+        ("python3.11 -m pkg.train --lr 0.1", "pkg.train"),
+        ("python -mpkg.train", "pkg.train"),
+        ("python -m torch.distributed.run --nproc-per-node 2 ddp.py", "ddp.py"),
+        ("torchrun --nproc-per-node 2 /home/me/ddp.py", "ddp.py"),
+        ("python -c 'import time'", "python -c"),
+        ("/usr/bin/nvidia-smi -q", "nvidia-smi"),
+        ("sh -c 'python x.py'", "sh"),
+        ("python 'unbalanced", "'unbalanced"),
+    ],
+)
+def test_a_commands_label_is_its_script_or_module_not_the_interpreter(command, label):
+    from gpulens.record.labels import command_label
+
+    assert command_label(command) == label
+
+
+def test_list_and_report_label_a_command_by_its_script(tmp_path, monkeypatch):
+    """`runs list` showed the interpreter's path (/usr/bin/python3) as a wrapped command's
+    workload; it and the report now name its script, in records made before too. --json and
+    the record keep the whole command."""
+    import io
+
+    from rich.console import Console
+
+    import gpulens.cli.common as common
+    from gpulens.record.reader import read_record
+    from gpulens.report import document
+
+    command = "/usr/bin/python3 examples/train_plain.py -b 32"
+    run_id = "20261128-000001-aaaaaa"
+    w = RunWriter(tmp_path / "runs", kind="command", name="python3", run_id=run_id)
+    w.update(requested_config={"command": command, "sample_hz": 10.0},
+             effective_config={"command": command, "pid": 1},
+             summary={"wall_s": 1.0, "returncode": 0})  # fmt: skip
+    w.finish()
+    monkeypatch.setenv("GPULENS_HOME", str(tmp_path))
+    buf = io.StringIO()
+    monkeypatch.setattr(common, "out", Console(file=buf, width=120))
+    assert runner.invoke(runs_app, ["list"]).exit_code == 0
+    row = next(line for line in buf.getvalue().splitlines() if run_id in line)
+    assert "train_plain.py" in row and "/usr/bin" not in row, row
+    (listed,) = _json(runner.invoke(runs_app, ["list", "--json"]))["runs"]
+    assert listed["workload"] == command  # the data keeps the whole command
+    facts = dict(document.run_section(read_record(tmp_path / "runs" / run_id)).facts)
+    assert facts["workload"] == "train_plain.py"

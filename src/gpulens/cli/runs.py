@@ -21,6 +21,7 @@ from gpulens.cli import common
 from gpulens.errors import UsageError
 from gpulens.paths import default_tracking_uri, runs_dir
 from gpulens.record import schema
+from gpulens.record.labels import shown_workload
 from gpulens.record.reader import DamagedRecord, RunRecord, scan_records
 from gpulens.store.queries import (
     EXPORT_FORMATS,
@@ -95,6 +96,11 @@ def _when(iso: str | None, seconds: bool = True) -> str:
         return iso
 
 
+def _workload(row: dict[str, Any]) -> Text:
+    """A wrapped command's script (train.py), not its interpreter's path (--json: whole)."""
+    return _cell(shown_workload(row.get("kind"), row.get("workload")))
+
+
 def _status(status: str | None) -> Text:
     return Text(str(status), style=_STATUS_STYLE.get(status or "", "white"))
 
@@ -127,7 +133,7 @@ _LIST_COLUMNS: list[tuple[str, Any, int, dict[str, Any]]] = [
     ("created", lambda r: Text(_when(r["created_at"], seconds=False)), 11, {}),
     ("dur s", lambda r: _cell(r["duration_s"]), 5, {"justify": "right"}),
     ("samples/s", lambda r: _rate(r["throughput_samples_per_s"]), 9, {"justify": "right"}),
-    ("workload", lambda r: _cell(r["workload"]), 10, {"overflow": "ellipsis", "ratio": 2}),
+    ("workload", _workload, 10, {"overflow": "ellipsis", "ratio": 2}),
     ("device", lambda r: _cell(r["device"]), 6, {"overflow": "ellipsis", "ratio": 1}),
     (
         "name",
@@ -143,7 +149,7 @@ _STORE_COLUMNS: list[tuple[str, Any, int, dict[str, Any]]] = [
     ("run id", lambda r: _cell(r.get("run_id")), 22, {"style": "bold"}),
     ("status", lambda r: _status(r.get("status")), 8, {}),
     ("name", lambda r: _cell(r.get("name")), 6, {"overflow": "ellipsis", "ratio": 2}),
-    ("workload", lambda r: _cell(r.get("workload")), 10, {"overflow": "ellipsis", "ratio": 2}),
+    ("workload", _workload, 10, {"overflow": "ellipsis", "ratio": 2}),
     ("device", lambda r: _cell(r.get("device")), 6, {"overflow": "ellipsis", "ratio": 1}),
     ("mlflow run id", lambda r: _cell(r.get("mlflow_run_id")), 32, {}),
 ]

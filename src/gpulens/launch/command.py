@@ -19,6 +19,7 @@ from gpulens.launch.injection import injected_env
 from gpulens.launch.processes import check_command, reap, spawn
 from gpulens.probes.monitor import ProbeSpec
 from gpulens.probes.summary import summarize_gpu, summarize_host
+from gpulens.record.labels import command_label
 from gpulens.record.tracker import RUN_DIR_ENV, read_tracker_summary
 from gpulens.run import RunSession, measured_run
 from gpulens.workloads.inject import INJECT_ENV, MAX_STEPS_ENV
@@ -88,7 +89,7 @@ def run_command(
         **({"duration_s": duration_s} if duration_s else {}),
         **({"max_steps": max_steps} if max_steps else {}),
     }
-    name = name or Path(argv[0]).name
+    name = name or command_label(argv)  # the script (train.py), not the interpreter
     with measured_run(
         runs_root, kind=kind, name=name, role=role, requested_config=requested, metrics=metrics
     ) as run:

@@ -21,6 +21,7 @@ from typing import Any
 
 import pandas as pd
 
+from gpulens.record.labels import workload_label
 from gpulens.record.reader import RunRecord, read_prep
 from gpulens.report import figures, serving
 
@@ -71,7 +72,7 @@ def _facts(record: RunRecord) -> list[tuple[str, str]]:
     tput = s.get("throughput_samples_per_s")
     ci = s.get("throughput_ci95_pct")
     facts = [
-        ("workload", str(s.get("workload") or record.meta.get("name") or "n/a")),
+        ("workload", str(workload_label(record.meta) or record.meta.get("name") or "n/a")),
         ("device", str(gpu.get("name") or env.get("gpu_model") or s.get("device") or "n/a")),
         ("batch size x processes", f"{s.get('batch_size', 'n/a')} x {s.get('processes', 1)}"),
         ("precision", str(s.get("precision") or "n/a")),
