@@ -246,3 +246,31 @@ def test_a_usage_error_is_not_retried_and_the_summary_says_so(tmp_path):
         line.startswith("done 0, failed 2 ")
         and "1 of them a usage error, exit 2: not retried" in line
     )
+
+
+def test_the_shared_settings_line_is_in_the_specs_order_fresh_and_resumed(tmp_path):
+    """The "every cell:" line listed options in spec order on a fresh sweep and sorted after
+    --resume (done cells came back from their state files, keys sorted)."""
+    from rich.console import Console
+
+    from gpulens.cli.sweep import _table
+    from gpulens.launch.cli_child import ChildResult
+    from gpulens.sweep.runner import SweepConfig, run_sweep
+
+    class Fake:
+        def run(self, cells, on_start, on_done):
+            for cell in cells:
+                on_start(cell)
+                on_done(cell, ChildResult(0, '{"run_id": "r", "status": "finished"}', ""))
+
+    spec = parse_spec({"name": "t", "workload": "tiny_cnn", "grid": {"batch_size": [2, 3]},
+                       "options": {"steps": 2, "device": "cpu", "no_store": True}})  # fmt: skip
+    lines = []
+    for resume in (False, True):
+        doc = run_sweep(SweepConfig(spec, out_dir=tmp_path, resume=resume), Fake()).to_dict()
+        assert doc["done"] == 2
+        console = Console(width=200, record=True)
+        console.print(_table(doc))
+        text = " ".join(console.export_text().split())
+        lines.append(text[text.index("every cell:") :])
+    assert lines[0] == lines[1] == "every cell: workload=tiny_cnn steps=2 device=cpu no_store=True"

@@ -77,7 +77,10 @@ def expand(spec: SweepSpec) -> list[Cell]:
                 rows.append(row if workload is None else {"workload": workload, **row})
     cells: dict[str, Cell] = {}
     for row in rows:
-        config = {"command": spec.command, **spec.options, **row}
+        # in the spec's order (workload, grid or cell keys, then options), which the summary
+        # lists them in; a cell's own value wins over options
+        config = {"command": spec.command, **row}
+        config.update((k, v) for k, v in spec.options.items() if k not in row)
         gpus = int(config.pop("gpus", spec.gpus))
         if gpus != 1:  # part of the cell's identity: 1 and 2 GPUs are two cells
             config["gpus"] = gpus

@@ -128,6 +128,7 @@ def run_sweep(
     for cell in cells:
         old = read_state(sweep_dir, cell.cell_id) if config.resume else None
         if old is not None and old.status == "done":
+            old.config = cell.config  # the same settings; the state file's keys are sorted
             states[cell.cell_id] = old
             continue
         # A resumed cell keeps its attempts count; a fresh one starts over.
