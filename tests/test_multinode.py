@@ -263,3 +263,25 @@ def test_a_node_alone_says_whom_it_waits_for_and_gives_up_in_its_time(tmp_path, 
     assert "frame #" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines()[-1].startswith("error: ")
     assert took_s < timeout_s + 15  # start-up, then the timeout once (not twice)
+
+
+def test_a_shard_says_once_where_it_lies_and_how_to_join(tmp_path):
+    """Each node printed its shard's join hint twice: a logged warning on stderr, then the
+    same under its summary. Once now: under the summary, or with --json on stderr (the
+    document holds it as join.hint)."""
+    procs = []
+    port = free_port()
+    for node in (0, 1):  # node 0 as a person reads it, node 1 with --json
+        env = {**os.environ, "GPULENS_HOME": str(tmp_path / f"node{node}"),
+               "GPULENS_RANK_WAIT_S": "30"}  # fmt: skip
+        argv = [sys.executable, "-m", "gpulens.cli", "run", "tiny_cnn", "--device", "cpu",
+                "--steps", "2", "--batch-size", "8", "--gpus", "1", "--nnodes", "2",
+                "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port",
+                str(port), "--no-store", *(["--json"] if node else [])]  # fmt: skip
+        procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))  # fmt: skip
+    (out0, err0), (out1, err1) = (p.communicate(timeout=120) for p in procs)
+    assert [p.returncode for p in procs] == [0, 0], (err0[-2000:], err1[-2000:])
+    hint = "gpulens runs join"
+    assert (out0 + err0).count(hint) == 1 and hint in out0, (out0, err0)
+    assert err1.count(hint) == 1 and hint in json.loads(out1)["join"]["hint"], err1

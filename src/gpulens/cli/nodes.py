@@ -40,25 +40,29 @@ def store_joined(result, store: bool) -> None:
             common.store_record(Path(join["record_dir"]), store)
 
 
-def render_node_end(summary: dict[str, Any]) -> None:
+def render_node_end(summary: dict[str, Any], json_out: bool = False) -> None:
     """After a node's own summary: the joined run (node 0, one GPULENS_HOME), or where the
-    joined run lies, or how to join the shards by hand."""
+    joined run lies, or how to join the shards by hand, said once (the run logs it at info
+    level only). With ``--json`` (its document has ``join``) only the last, on stderr."""
     join = summary.get("join")
     if not join:
         return
     from pathlib import Path
 
-    if join.get("joined") and join.get("record_dir") and Path(join["record_dir"]).is_dir():
+    if not join.get("joined"):
+        console = common.err if json_out else common.out
+        console.print(Text(f"this is one node's shard of run {join['run_id']}: "
+                           f"{join.get('hint') or join.get('reason')}", style="yellow"),
+                      soft_wrap=True)  # fmt: skip
+    elif json_out:
+        return
+    elif join.get("record_dir") and Path(join["record_dir"]).is_dir():
         from gpulens.record.reader import read_record
 
         common.out.print()
         render_joined(joined_json(read_record(Path(join["record_dir"]))))
-    elif join.get("joined"):
-        common.out.print(Text(f"node 0 joined the nodes' shards as run {join['run_id']}"),
-                         soft_wrap=True)  # fmt: skip
     else:
-        common.out.print(Text(f"this is one node's shard of run {join['run_id']}: "
-                              f"{join.get('hint') or join.get('reason')}", style="yellow"),
+        common.out.print(Text(f"node 0 joined the nodes' shards as run {join['run_id']}"),
                          soft_wrap=True)  # fmt: skip
 
 

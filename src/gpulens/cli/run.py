@@ -149,12 +149,13 @@ def train_and_store(config, store: bool, kind: str = "train", label: str = "run"
 
 
 def show_training(result, json_out: bool, more_tips: tuple[str, ...] = ()) -> None:
+    summary = result.as_dict()["summary"]
     if json_out:
         common.emit_json(train_json(result))
+        common_nodes.render_node_end(summary, json_out=True)  # a shard: how to join, on stderr
         return
     from gpulens.report.terminal import render_train_summary
 
-    summary = result.as_dict()["summary"]
     render_train_summary(common.out, result.run_id, result.record_dir, summary, more_tips)
     common_nodes.render_node_end(summary)  # a node of a multi-node run: the joined run
 

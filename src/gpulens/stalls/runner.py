@@ -75,7 +75,9 @@ class TrainingBackend:
             kind="stalls",
             role=role_name("stalls", role),
         )
-        return RunResult.from_record(made.record_dir)  # as stored: what any analysis reads
+        stored = RunResult.from_record(made.record_dir)  # as stored: what any analysis reads
+        join = made.summary.get("join")  # a node's shard: the joined run, or how to join
+        return stored.with_summary(join=join) if join else stored
 
 
 class CommandBackend:

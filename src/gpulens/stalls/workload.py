@@ -267,6 +267,10 @@ def run_stalls(
                 f"processes each; this is node {config.nodes.node_rank}): the network between "
                 "the nodes is in the interconnect stall, the other runs are this node's alone"
             )
+            for r in (multi, multi_socket):  # said once, here (the run logs it at info level)
+                join = (r.summary.get("join") or {}) if r is not None else {}
+                if join.get("hint"):
+                    result.notes.append(f"one node's shard of run {join['run_id']}: {join['hint']}")
     runner.fill_missing()
     if config.gpus == 1 and config.nodes is None:
         result.notes.append(

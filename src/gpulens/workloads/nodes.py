@@ -118,9 +118,9 @@ class NodeShard:
         if outcome is None:
             outcome = {"joined": False, "run_id": self.writer.meta[SHARD_KEY]["run_id"],
                        "reason": "node 0 did not say whether it joined the shards"}  # fmt: skip
-        if not outcome.get("joined"):
-            log.warning("gpulens: this node's shard is %s; %s", result.record_dir,
-                        outcome.get("hint") or outcome.get("reason"))  # fmt: skip
+        if not outcome.get("joined"):  # the caller tells the user (gpulens run: once)
+            log.info("this node's shard is %s; %s", result.record_dir,
+                     outcome.get("hint") or outcome.get("reason"))  # fmt: skip
         return result.with_summary(join=outcome)
 
 
