@@ -417,6 +417,24 @@ def test_a_failed_training_run_reaches_the_store(capsys, monkeypatch):
     assert json.loads((record_dir / "run.json").read_text())["status"] == "failed"
 
 
+def test_a_run_refused_for_its_data_leaves_no_record_and_stores_nothing(
+    capsys, gpulens_home, tmp_path, monkeypatch
+):
+    """A usage error before anything was measured (here: --data with no images, found while
+    the loader is built, after the record was opened) leaves no failed run behind."""
+    import gpulens.store.background as background
+
+    logged = []
+    monkeypatch.setattr(background, "log_finished", lambda d, **_: logged.append(Path(d)) or
+                        background.StoreOutcome("skipped", "test", str(d)))  # fmt: skip
+    (tmp_path / "empty" / "class_a").mkdir(parents=True)
+    code, out, err = run_cli(capsys, "run", "tiny_cnn", "--device", "cpu", "--steps", "2",
+                             "--data", str(tmp_path / "empty"))  # fmt: skip
+    assert code == 2 and out == "" and "holds no images" in err
+    assert not list((gpulens_home / "runs").glob("*")) and logged == []
+    assert '"run_id"' not in run_cli(capsys, "runs", "list", "--json")[1]
+
+
 @pytest.mark.parametrize(
     "args,fragment",
     [

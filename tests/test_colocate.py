@@ -340,7 +340,7 @@ def test_cli_errors_are_one_line(capsys, args, needle):
      (["cmd:true", "cmd:true"], "streams,mps,mig", "mig: MIG needs an NVIDIA GPU")],
 )  # fmt: skip
 def test_mechanisms_that_cannot_run_here_are_refused_before_any_job_runs(
-    capsys, monkeypatch, jobs, mechanisms, needle
+    capsys, monkeypatch, gpulens_home, jobs, mechanisms, needle
 ):
     from gpulens.colocate import experiment
 
@@ -354,6 +354,9 @@ def test_mechanisms_that_cannot_run_here_are_refused_before_any_job_runs(
     (line,) = [x for x in err.splitlines() if x.startswith("error")]
     assert needle in line and "use --mechanisms time-slice, or a GPU (--device cuda:N)" in line
     assert "alone" not in err and "internal error" not in err
+    # refused, nothing ran: no failed colocate record left in the store
+    assert not list((gpulens_home / "runs").glob("*"))
+    assert run_cli(capsys, "runs", "list", "--json")[1].count('"run_id"') == 0
 
 
 @pytest.mark.slow

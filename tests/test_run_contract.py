@@ -8,8 +8,9 @@ import sys
 
 import pytest
 
-from gpulens.errors import RuntimeFailure
-from gpulens.record.reader import read_record
+from gpulens.errors import MissingExtraError, RuntimeFailure, UsageError
+from gpulens.record.reader import list_records, read_record
+from gpulens.record.writer import RunWriter
 from gpulens.run import RunResult, legacy_role, measured_run, read_result_json, role_name
 
 
@@ -67,6 +68,46 @@ def test_every_way_a_run_ends_is_recorded(tmp_path):
     with measured_run(tmp_path, kind="command", capture_environment=False) as run:
         run.end_as("failed", "command exited with code 3")
     assert read_record(run.dir).status == "failed"
+
+
+def test_a_usage_error_before_anything_is_measured_leaves_no_record(tmp_path):
+    for refusal in (UsageError("use --device cpu"), MissingExtraError("aiohttp", "serve")):
+        with (
+            pytest.raises(type(refusal)) as caught,
+            measured_run(tmp_path, kind="colocate", capture_environment=False) as run,
+        ):
+            run.set_effective({"device": "cpu"})
+            raise refusal
+        assert not hasattr(caught.value, "gpulens_record_dir")
+        assert not run.dir.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_a_usage_error_once_measuring_began_is_still_recorded_as_failed(tmp_path):
+    from gpulens.record.schema import STEPS_SCHEMA
+
+    def refused_after(begin) -> str:
+        with (
+            pytest.raises(UsageError) as caught,
+            measured_run(tmp_path, kind="train", capture_environment=False) as run,
+        ):
+            begin(run)
+            raise UsageError("bad sample: use --skip-bad-samples")
+        rec = read_record(caught.value.gpulens_record_dir)
+        assert rec.status == "failed" and rec.meta["error"].startswith("bad sample")
+        return rec.run_id
+
+    # a series opened by the run, a file a child process wrote into the record
+    ids = [
+        refused_after(lambda run: run.writer.series("steps", STEPS_SCHEMA).append({"step": 0})),
+        refused_after(lambda run: (run.dir / "rank0.log").write_text("started")),
+    ]
+    # a record opened by someone else (a node's shard) stays its opener's to end
+    adopted = RunWriter(tmp_path, kind="train")
+    with pytest.raises(UsageError), measured_run(tmp_path, kind="train", writer=adopted,
+                                                 capture_environment=False):  # fmt: skip
+        raise UsageError("refused")
+    assert read_record(adopted.dir).status == "failed"
+    assert sorted(r.run_id for r in list_records(tmp_path)) == sorted([*ids, adopted.run_id])
 
 
 def test_old_records_without_a_role_get_the_one_their_name_implies():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import socket
 import threading
 import time
@@ -262,6 +263,42 @@ class RunWriter:
             except Exception as exc:  # keep the stream; the reader still reads it
                 log.warning("could not compact series %s: %s", writer.path.name, exc)
         self.update(status=status, ended_at=now_iso(), error=error)
+
+    def is_bare(self) -> bool:
+        """Whether the record is still only its ``run.json``: no series opened, and nothing
+        else in its folder (a wrapped command's or a DDP rank's files, a trace...)."""
+        if self._series:
+            return False
+        try:
+            names = {p.name for p in self.dir.iterdir() if not p.name.startswith(".")}
+            return names <= {schema.RUN_FILE, schema.SERIES_DIR} and not any(
+                (self.dir / schema.SERIES_DIR).iterdir()
+            )
+        except OSError:
+            return False
+
+    def discard(self) -> bool:
+        """Remove the record (a run refused before it measured anything: see
+        :mod:`gpulens.run.lifecycle`). ``run.json`` goes first, so that no reader ever sees a
+        part of the record; False, with the record left as it was, where it cannot go."""
+        self._stop.set()
+        self._heartbeat.join(timeout=2 * schema.HEARTBEAT_INTERVAL_S)
+        try:
+            with self._lock:
+                (self.dir / schema.RUN_FILE).unlink()
+        except OSError as exc:
+            log.warning("could not remove the record %s: %s", self.dir, exc)
+            return False
+        for writer in self._series.values():
+            try:
+                writer.close(compact=False)
+            except Exception as exc:  # the folder goes anyway
+                log.debug("closing series %s: %s", writer.path.name, exc)
+        try:
+            shutil.rmtree(self.dir)
+        except OSError as exc:  # without its run.json the folder is no record: readers skip it
+            log.warning("could not remove %s: %s", self.dir, exc)
+        return True
 
     def __enter__(self) -> RunWriter:
         return self

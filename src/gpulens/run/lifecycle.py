@@ -16,6 +16,13 @@ NVML), so a run stopped in its first seconds still leaves one. It ends ``finishe
 with the error (an out-of-memory error becomes the one-line ``oom_hint``); or ``killed`` on
 Ctrl-C. The exception raised carries ``gpulens_record_dir`` so a caller can still store the
 record it left.
+
+One exception: a run refused for the user's input (a usage error, exit 2: a device or data
+that cannot be used, a mechanism this machine cannot run) before it measured anything (no
+monitor started, no series, nothing else written into the record) leaves no record: the
+record it opened is removed, so ``runs list`` and the store never show a run that never ran.
+A usage error once measuring began, and every other failure, still ends the record ``failed``.
+A record adopted through ``writer`` stays its opener's to end.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from gpulens.errors import RuntimeFailure
+from gpulens.errors import GpulensError, RuntimeFailure, UsageError
 from gpulens.probes.monitor import Monitor
 from gpulens.record import schema
 from gpulens.record.writer import RunWriter
@@ -91,6 +98,12 @@ def _is_out_of_memory(exc: BaseException) -> bool:
     return type(exc).__name__ == "OutOfMemoryError" and type(exc).__module__.startswith("torch")
 
 
+def _refused_before_measuring(exc: BaseException, session: RunSession) -> bool:
+    """A usage error (exit 2, the user's to fix) raised before anything was measured."""
+    refused = isinstance(exc, GpulensError) and exc.exit_code == UsageError.exit_code
+    return refused and session._monitor is None and session.writer.is_bare()
+
+
 def _tag(exc: BaseException, record_dir: Path) -> None:
     with contextlib.suppress(AttributeError, TypeError):
         exc.gpulens_record_dir = record_dir  # type: ignore[attr-defined]
@@ -114,6 +127,7 @@ def measured_run(
     (e.g. by a launcher) instead of making one; ``gpu_indices`` limits the environment's GPU
     list (default: all GPUs NVML sees); ``metrics`` (a
     :class:`gpulens.web.metrics.MetricsEndpoint`) serves Prometheus metrics while it samples."""
+    owned = writer is None
     if writer is None:
         writer = RunWriter(
             runs_root,
@@ -138,6 +152,8 @@ def measured_run(
         _tag(exc, writer.dir)
         raise
     except BaseException as exc:
+        if owned and _refused_before_measuring(exc, session) and writer.discard():
+            raise
         if _is_out_of_memory(exc) and session.oom_hint:
             writer.finish(schema.STATUS_FAILED, error=session.oom_hint)
             failure = RuntimeFailure(session.oom_hint)
