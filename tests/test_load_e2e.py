@@ -297,6 +297,19 @@ def test_cli_json_contract_and_record(capsys, gpulens_home):
         (["--tenant", "m:rate=5"], "--url"),
         (["--url", "http://127.0.0.1:1"], "--tenant"),
         (["--url", "http://127.0.0.1:1", "--tenant", "m:rate=5", "--find-max", "x"], "no --tenant"),
+        (
+            ["--url", "http://127.0.0.1:1", "--tenant", "m:rate=5", "--find-max", "m"],
+            "needs an SLO",
+        ),
+        (["--url", "http://127.0.0.1:1", "--tenant", "m:rate=5", "--sweep", "m"], "--sweep: write"),
+        (
+            ["--url", "http://127.0.0.1:1", "--tenant", "m:rate=5", "--sweep", "x:rates=1,2"],
+            "no --tenant for 'x'",
+        ),
+        (
+            ["--url", "http://127.0.0.1:1", "--tenant", "m:rate=5", "--sweep", "m:rates=a"],
+            "comma-separated",
+        ),
         (["--url", "http://127.0.0.1:1", "--tenant", "m:rate=5", "--openai", "x"], "--openai x"),
         (
             ["--url", "http://127.0.0.1:1", "--tenant", "m:rate=5", "--instance", "nope"],
@@ -317,10 +330,11 @@ def test_cli_json_contract_and_record(capsys, gpulens_home):
         ),
     ],
 )
-def test_usage_errors_exit_2_with_one_line(capsys, args, fragment):
+def test_usage_errors_exit_2_with_one_line(capsys, gpulens_home, args, fragment):
     code, out, err = run_cli(capsys, "load", *args)
     assert code == 2 and out == ""
     assert fragment in err and len(err.strip().splitlines()) == 1
+    assert not list((gpulens_home / "runs").glob("*"))  # refused before the run: no record
 
 
 def test_without_aiohttp_the_command_names_the_extra(capsys, monkeypatch):

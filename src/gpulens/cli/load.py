@@ -388,8 +388,17 @@ def load(
         name=name, client=client, concurrency=concurrency,
         input_files=tuple(_input_file(i) for i in inputs or ()),
     )  # fmt: skip
+    # the whole plan is checked before the run's record is opened: a refusal leaves none
     if find_max is not None and config.tenant(find_max).rate_rps is None:
         raise UsageError(f"--find-max {find_max}: give its starting rate, e.g. {find_max}:rate=50")
+    if find_max is not None:
+        from gpulens.serve.load_search import require_slo
+
+        require_slo(find_max, config.tenant(find_max).slo_ms)
+    if sweep is not None:
+        from gpulens.serve.load_config import parse_sweep
+
+        config.tenant(parse_sweep(sweep)[0])
     if importlib.util.find_spec("aiohttp") is None:
         raise UsageError("aiohttp is not installed: pip install 'gpulens[serve]'")
     from gpulens.probes.monitor import ProbeSpec

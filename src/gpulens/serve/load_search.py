@@ -52,6 +52,14 @@ def judge(doc: dict, model: str, rate: float, min_attainment: float) -> Trial:
     )
 
 
+def require_slo(model: str, slo_ms: float | None) -> None:
+    """``--find-max`` searches for the highest rate within the tenant's SLO: it needs one."""
+    if slo_ms is None:
+        raise UsageError(
+            f"--find-max {model}: the tenant needs an SLO, e.g. {model}:rate=R:slo_ms=50"
+        )
+
+
 def find_max(
     trial: TrialFn,
     model: str,
@@ -65,10 +73,7 @@ def find_max(
     clock: Callable[[], float] = time.monotonic,
 ) -> tuple[dict, dict | None]:
     """(the search's result, the document of the best passing trial or None)."""
-    if slo_ms is None:
-        raise UsageError(
-            f"--find-max {model}: the tenant needs an SLO, e.g. {model}:rate=R:slo_ms=50"
-        )
+    require_slo(model, slo_ms)
     t_start = clock()
     trials: list[Trial] = []
     lo: float | None = None  # highest passing rate
