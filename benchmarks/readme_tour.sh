@@ -87,7 +87,6 @@ step make_images 300 'gpulens data make images --out ~/data/img --n 20000'
 step run_resnet50_jpeg 300 'gpulens run resnet50 --precision bf16 --data ~/data/img --workers 15'
 r50=$(newest_run)
 step predict_workers 120 "gpulens predict $r50 --workers 8"
-step stalls_resnet50 330 'gpulens stalls resnet50 --data ~/data/img --workers 15 --precision bf16'
 step plain_alone 240 'python3 examples/train_plain.py -b 32 --model resnet18'
 step run_plain 240 'gpulens run --duration 60 -- python examples/train_plain.py -b 32 --model resnet18'
 step run_plain_stopped 120 'gpulens run --duration 10 -- python examples/train_plain.py -b 32 --model resnet18 --steps 100000'
@@ -105,6 +104,7 @@ step runs_compare 60 "gpulens runs compare latest $r18"
 step colocate_streams_mps 240 'gpulens colocate resnet18:batch=64 infer:resnet50:batch=1,rate=100 --mechanisms streams,mps'
 step make_tokens 240 'gpulens data make tokens --out ~/data/tok --n 50000000'
 step run_gpt2 300 'gpulens run gpt2 --data ~/data/tok --until-ci 2 --json'
+step stalls_resnet50 330 'gpulens stalls resnet50 --data ~/data/img --workers 15 --precision bf16'
 step stalls_whatif 300 'gpulens stalls tiny_cnn --data ~/data/img --workers 1 --storage-latency-ms 20'
 
 name=readme_tour-$commit-$gpu-$day
