@@ -5,7 +5,8 @@
 # advise, allocate-workers) run on the tour's own runs, right after the runs they need. A plain
 # reference runs beside its measured twin: examples/train_plain.py alone, then under
 # `gpulens run --` (its own samples/s line in both).
-#   OUT=$OUT bash benchmarks/readme_tour.sh            # one GPU, stops starting steps at BUDGET_S
+#   OUT=$OUT bash benchmarks/readme_tour.sh            # one GPU (2: the data-parallel steps too),
+#                                                       # stops starting steps at BUDGET_S
 #   SKIP="plain_alone run_plain" ...                    # leaves out the steps named (recorded so)
 # Writes $OUT/readme_tour-<commit>-<gpu>-<day>.json (the steps) and .tgz (every step's log).
 # `gpulens` is a shim for `python3 -m gpulens.cli` over this checkout's src (the device image has
@@ -104,6 +105,11 @@ step runs_compare 60 "gpulens runs compare latest $r18"
 step colocate_streams_mps 240 'gpulens colocate resnet18:batch=64 infer:resnet50:batch=1,rate=100 --mechanisms streams,mps'
 step make_tokens 240 'gpulens data make tokens --out ~/data/tok --n 50000000'
 step run_gpt2 300 'gpulens run gpt2 --data ~/data/tok --until-ci 2 --json'
+# the README's data-parallel commands, where the machine has 2 GPUs or more
+if (( $(nvidia-smi -L | wc -l) >= 2 )); then
+  step run_gpt2_2gpu_socket 180 'gpulens run gpt2 --gpus 2 --nccl-transport socket --precision bf16 --duration 20'
+  step stalls_resnet50_2gpu 330 'gpulens stalls resnet50 --data ~/data/img --gpus 2 --workers 15 --precision bf16'
+fi
 step stalls_resnet50 330 'gpulens stalls resnet50 --data ~/data/img --workers 15 --precision bf16'
 step stalls_whatif 300 'gpulens stalls tiny_cnn --data ~/data/img --workers 1 --storage-latency-ms 20'
 
