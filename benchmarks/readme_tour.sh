@@ -18,6 +18,8 @@ CALL_S=${CALL_S:-585}      # and none runs past this (a device call's limit), le
 commit=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 command -v nvidia-smi > /dev/null || { echo "$0: runs on a GPU machine (no nvidia-smi here)" >&2; exit 2; }
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr ' ' '_')
+gpu_count=$(nvidia-smi -L | wc -l)
+(( gpu_count > 1 )) && gpu=$gpu-x$gpu_count
 day=$(date +%F)
 work=$(mktemp -d /tmp/readme-tour.XXXX)
 mkdir -p "$OUT" "$work/home" "$work/bin" "$work/logs"
@@ -106,7 +108,7 @@ step colocate_streams_mps 240 'gpulens colocate resnet18:batch=64 infer:resnet50
 step make_tokens 240 'gpulens data make tokens --out ~/data/tok --n 50000000'
 step run_gpt2 300 'gpulens run gpt2 --data ~/data/tok --until-ci 2 --json'
 # the README's data-parallel commands, where the machine has 2 GPUs or more
-if (( $(nvidia-smi -L | wc -l) >= 2 )); then
+if (( gpu_count >= 2 )); then
   step run_gpt2_2gpu_socket 180 'gpulens run gpt2 --gpus 2 --nccl-transport socket --precision bf16 --duration 20'
   step stalls_resnet50_2gpu 330 'gpulens stalls resnet50 --data ~/data/img --gpus 2 --workers 15 --precision bf16'
 fi
