@@ -524,6 +524,18 @@ def test_bad_input_exits_2_with_one_line(capsys, tmp_path, args, fragment):
     assert len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize(
+    "args", [["--revocations-per-h", "1"], ["--checkpoint-s", "30"], ["--restart-s", "60"]]
+)
+def test_spot_options_without_spot_are_an_error_not_ignored(capsys, small_catalog, args):
+    """A spot-only option without --spot changed nothing and said nothing: the user who gave a
+    revocation rate was shown on-demand options only, as if it had been read."""
+    small_catalog()
+    code, out, err = cli(capsys, "advise", str(SYNTHETIC), "--samples", "1e7", *args)
+    assert code == 2 and f"{args[0]} only applies to spot servers: add --spot" in err, err
+    assert len(err.strip().splitlines()) == 1 and out == ""
+
+
 def test_max_nodes_adds_multi_node_options(capsys, small_catalog):
     small_catalog()
     code, out, err = cli(capsys, "advise", str(SYNTHETIC), "--samples", "1e7", "--max-nodes",

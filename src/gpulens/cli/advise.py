@@ -207,7 +207,9 @@ def advise(
         None, "--checkpoint-s", help="Seconds per checkpoint [measured, or from the model size]."
     ),
     restart_s: float = typer.Option(
-        DEFAULT_RESTART_S, "--restart-s", help="Seconds to resume after a revocation."
+        None,
+        "--restart-s",
+        help=f"Seconds to resume after a revocation [default: {DEFAULT_RESTART_S:g}].",
     ),
     max_nodes: int = typer.Option(1, "--max-nodes", help="Also 2, 4, ... nodes up to this."),
     catalog: Path = typer.Option(
@@ -225,6 +227,12 @@ def advise(
     from gpulens.predict.spot import SpotParams
 
     config = AdviseConfig(samples, epochs, dataset_size, deadline, budget, max_nodes)
+    spot_only = {"--revocations-per-h": revocations_per_h, "--checkpoint-s": checkpoint_s,
+                 "--restart-s": restart_s}  # fmt: skip
+    given = [flag for flag, value in spot_only.items() if value is not None]
+    if given and not spot:
+        raise UsageError(f"{', '.join(given)} only applies to spot servers: add --spot")
+    restart_s = DEFAULT_RESTART_S if restart_s is None else restart_s
     SpotParams(checkpoint_s or 0.0, restart_s, revocations_per_h)  # checks them before reading
     instances = cat.load_instances(catalog, gpu_catalog)
     record = resolve_run(target)
