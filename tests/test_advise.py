@@ -144,6 +144,13 @@ def test_partial_user_catalog_errors_name_the_fix(tmp_path, text, fragment):
         ("lab,box,H1000,1,8,64,10,1,,,r,2026-11-20,x,", "unknown GPU 'H1000'"),  # not an H100
         ("lab,box,H100,1,8,64,10,-1,,,r,2026-11-20,x,", "ondemand_usd_per_h"),
         ("lab,box,H100,1,8,64,10,1,,,r,last week,x,", "price_date"),
+        # not numbers a price can be: nan crashed the knee, inf gave null costs
+        ("lab,box,H100,1,8,64,10,nan,,,r,2026-11-20,x,", "ondemand_usd_per_h of box is 'nan'"),
+        ("lab,box,H100,1,8,64,10,inf,,,r,2026-11-20,x,", "ondemand_usd_per_h of box is 'inf'"),
+        ("lab,box,H100,1,8,64,10,1,-inf,,r,2026-11-20,x,", "spot_usd_per_h of box is '-inf'"),
+        ("lab,box,H100,1,8,64,10,1,,nan,r,2026-11-20,x,", "revocations_per_h of box is 'nan'"),
+        # a price dated ahead (a typo) would pass for the catalog's freshest
+        ("lab,box,H100,1,8,64,10,1,,,r,2999-01-01,x,", "price_date of box is 2999-01-01, after"),
     ],
 )
 def test_bad_user_catalog_rows(tmp_path, row, fragment):

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import csv
 import logging
+import math
 from dataclasses import asdict, dataclass
-from datetime import date
+from datetime import date, timedelta
 from pathlib import Path
 
 import pandas as pd
@@ -70,9 +71,14 @@ def _number(row: dict, column: str, path: Path, required: bool) -> float | None:
             f"instance catalog {path}: {column} of {row.get('instance')} is {text!r}, "
             "expected a number"
         ) from None
-    if value < 0 or (required and value == 0 and column != "network_gbps"):
+    if (
+        not math.isfinite(value)
+        or value < 0
+        or (required and value == 0 and column != "network_gbps")
+    ):
         raise UsageError(
-            f"instance catalog {path}: {column} of {row.get('instance')} must be positive"
+            f"instance catalog {path}: {column} of {row.get('instance')} is {text!r}, "
+            "expected a positive number"
         )
     return value
 
@@ -90,11 +96,18 @@ def _parse(row: dict, path: Path, gpu_catalog: Path | None) -> Instance:
         ) from None
     price_date = (row.get("price_date") or "").strip()
     try:
-        date.fromisoformat(price_date)
+        day = date.fromisoformat(price_date)
     except ValueError:
         raise UsageError(
             f"instance catalog {path}: price_date of {name} is {price_date!r}, expected YYYY-MM-DD"
         ) from None
+    # a user's row dated ahead (a typo) would pass for the freshest price and hide stale ones;
+    # a day's slack for time zones (the bundled catalog is not checked: a machine's clock may lag)
+    if path != INSTANCES_PATH and day > date.today() + timedelta(days=1):
+        raise UsageError(
+            f"instance catalog {path}: price_date of {name} is {price_date}, after today "
+            f"({date.today().isoformat()}); give the day the price was read"
+        )
     gpus = _number(row, "gpus", path, True)
     if gpus is None or gpus != int(gpus):
         raise UsageError(f"instance catalog {path}: gpus of {name} must be a whole number")
