@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import socket
 from pathlib import Path
 
+import psutil
 import pytest
 
 from gpulens.cli import main
@@ -696,6 +698,21 @@ def test_a_run_that_did_not_finish_is_predicted_with_a_warning(capsys, tmp_path)
     code, out, err = cli(capsys, "predict", str(run), "--gpu", "H200", "--json")
     assert code == 0 and json.loads(out)["throughput_samples_per_s"] > 0
     assert "ended failed" in err and "predict from a finished run" in err
+
+
+@pytest.mark.parametrize("command", [["predict", "--gpu", "H200"], ["advise", "--samples", "1e6"]])
+def test_a_run_still_running_is_one_clear_error(capsys, tmp_path, command):
+    """A live run said it had "ended running", then that it had no measured steps."""
+    run = tmp_path / "live"
+    shutil.copytree(FIXTURES / "predict_resnet18_b128" / "h100" / "20261125-235354-13e736", run)
+    meta = json.loads((run / "run.json").read_text())
+    me = psutil.Process()  # this process, alive: the run's owner
+    meta.update(status="running", summary={}, hostname=socket.gethostname(), pid=me.pid,
+                pid_create_time=me.create_time(), ended_at=None)  # fmt: skip
+    (run / "run.json").write_text(json.dumps(meta))
+    code, out, err = cli(capsys, command[0], str(run), *command[1:])
+    assert code == 2 and "run 20261125-235354-13e736 is still running" in err, err
+    assert len(err.strip().splitlines()) == 1 and "ended" not in err.split("once")[0]
 
 
 def test_the_table_shows_what_the_run_measured_beside_the_prediction(capsys):

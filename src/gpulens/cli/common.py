@@ -68,7 +68,13 @@ def warn(label: str, text: str) -> None:
 
 
 def warn_unfinished(record) -> None:
-    """A run read for a prediction that did not finish: its steps may be a partial picture."""
+    """A run read for a prediction that did not finish: its steps may be a partial picture.
+    One still running has no summary yet: a usage error, not a warning that it "ended"."""
+    if record.status == "running":
+        raise UsageError(
+            f"run {record.run_id} is still running: predict from it once it has ended "
+            "(`gpulens runs list` shows its status), or give a finished run"
+        )
     if record.status != "finished":
         warn("warning: ", f"run {record.run_id} ended {record.status}: its measured steps may "
              "not represent the job (predict from a finished run)")  # fmt: skip
