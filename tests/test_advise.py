@@ -487,6 +487,21 @@ def test_advise_table_names_the_pick(capsys, small_catalog):
     assert "pick: p5.48xlarge" in text and "fastest that stays within $100" in text
 
 
+def test_the_spot_table_says_which_revocation_rate_it_assumed(capsys, small_catalog):
+    """--spot printed the checkpoint and restart it assumed, not the revocation rate, which
+    is an assumption of 0.05 per hour unless the catalog or the user gives one."""
+    small_catalog()  # g5.xlarge has a rate of its own (0.1), p5.48xlarge none
+    code, out, err = cli(capsys, "advise", str(SYNTHETIC), "--samples", "1e7", "--spot")
+    assert code == 0, err
+    text = " ".join(out.split())
+    assert "revocations the catalog's per node where given, else 0.05 per hour per node " in text
+    code, out, err = cli(capsys, "advise", str(SYNTHETIC), "--samples", "1e7", "--spot",
+                         "--revocations-per-h", "0.2")  # fmt: skip
+    assert code == 0 and "revocations 0.2 per hour per node (--revocations-per-h)" in " ".join(
+        out.split()
+    )
+
+
 def test_stale_catalog_warns(capsys, small_catalog):
     small_catalog("2025-01-01")
     code, out, err = cli(capsys, "advise", str(SYNTHETIC), "--samples", "1e6")

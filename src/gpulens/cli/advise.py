@@ -286,13 +286,27 @@ def advise(
     _render(options, chosen, result.reason, record.run_id, config.total_samples, day)
     if spot_params is not None:
         line = f"spot: checkpoint {spot_params.checkpoint_s:.1f} s ({ckpt_source}), restart "
-        common.out.print(Text(line + f"{restart_s:g} s"), highlight=False)
+        line += f"{restart_s:g} s, revocations {_revocations_text(revocations_per_h, table)}"
+        common.out.print(Text(line), highlight=False)
     by_reason: dict[str, list[str]] = {}
     for s in skipped:
         by_reason.setdefault(s["reason"], []).append(s["instance"])
     for reason, names in by_reason.items():
         names = list(dict.fromkeys(names))  # an instance skipped at each node count: once
         common.out.print(Text(f"not predicted: {', '.join(names)}: {reason}"), highlight=False)
+
+
+def _revocations_text(given: float | None, table) -> str:
+    """The spot revocation rate the options assume, and where it comes from."""
+    from gpulens.predict.instances import DEFAULT_REVOCATIONS_PER_H
+
+    if given is not None:
+        return f"{given:g} per hour per node (--revocations-per-h)"
+    priced = table[table["spot_usd_per_h"].notna()]
+    listed = priced["revocations_per_h"].dropna() if "revocations_per_h" in priced else []
+    assumed = (f"{DEFAULT_REVOCATIONS_PER_H:g} per hour per node (assumed: no provider "
+               "publishes one; set it with --revocations-per-h)")  # fmt: skip
+    return f"the catalog's per node where given, else {assumed}" if len(listed) else assumed
 
 
 def _render(options, chosen, reason: str, run_id: str, samples: float, day: str) -> None:
