@@ -252,3 +252,12 @@ def test_cli_without_runs_exits_2_with_one_line(capsys):
     code = main(["allocate-workers", "a", "b", "c", "--cpus", "2"])
     err = capsys.readouterr().err
     assert code == 2 and "--cpus must be at least" in err
+
+
+def test_a_bad_objective_is_named_before_the_store_is_read(capsys):
+    """An empty store (or an unknown job) answered `--objective foo` with "run it first": the
+    user fixed that and only then heard the objective was wrong."""
+    code = main(["allocate-workers", "resnet50", "--cpus", "4", "--objective", "foo"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--objective must be one of normalized, samples, got 'foo'" in err, err
+    assert len(err.strip().splitlines()) == 1
