@@ -14,6 +14,7 @@ from gpulens.predict.catalog import (
     find_gpu,
     gpu_catalog,
 )
+from gpulens.predict.instances import load_instances
 
 REQUIRED = [
     "T4",
@@ -132,3 +133,15 @@ def test_a_user_catalog_without_the_optional_l2_columns_still_loads(tmp_path):
     )
     spec = find_gpu("X1", user)
     assert spec.l2_mb is None and spec.mem_bw_gb_s == 500
+
+
+@pytest.mark.parametrize("suffix", [".yaml", ".yml", ".json"])
+def test_a_catalog_that_is_not_a_csv_is_named_by_its_format(tmp_path, suffix):
+    """A YAML catalog was read as a CSV whose header lacked every column: the error listed the
+    columns, not the format, as what to fix."""
+    path = tmp_path / f"catalog{suffix}"
+    path.write_text("- gpu: RTX4090\n  fp32_tflops: 82.6\n")
+    with pytest.raises(UsageError, match=f"is a {suffix} file, and --gpu-catalog reads a CSV"):
+        gpu_catalog(path)
+    with pytest.raises(UsageError, match=f"is a {suffix} file, and --catalog reads a CSV"):
+        load_instances(path)

@@ -60,7 +60,22 @@ class GpuSpec:
     l2_source: str = ""
 
 
+# Files a catalog option is sometimes given that a CSV reader would misread as one bad header.
+NOT_CSV_SUFFIXES = (".yaml", ".yml", ".json", ".toml", ".xlsx", ".xls", ".parquet")
+
+
+def require_csv(path: Path, what: str, flag: str, bundled: Path) -> None:
+    """A UsageError for a catalog given as YAML, JSON, a spreadsheet...: those read as a CSV
+    whose header lacks every column, which named the columns, not the format, as the fault."""
+    if Path(path).suffix.lower() in NOT_CSV_SUFFIXES:
+        raise UsageError(
+            f"{what} {path} is a {Path(path).suffix.lower()} file, and {flag} reads a CSV: "
+            f"write it as one with the header of the bundled {bundled}"
+        )
+
+
 def _read_rows(path: Path) -> list[dict[str, str]]:
+    require_csv(path, "GPU catalog", "--gpu-catalog", CATALOG_PATH)
     try:
         with path.open(newline="", encoding="utf-8") as handle:
             reader = csv.DictReader(handle)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from gpulens.errors import UsageError
-from gpulens.predict.catalog import find_gpu
+from gpulens.predict.catalog import find_gpu, require_csv
 from gpulens.predict.catalog import gpu_catalog as read_gpu_catalog
 
 log = logging.getLogger(__name__)
@@ -136,6 +136,7 @@ REQUIRED = tuple(c for c in COLUMNS if c not in ("note", "revocations_per_h", "s
 
 
 def _rows(path: Path, required: tuple[str, ...] = REQUIRED) -> list[dict]:
+    require_csv(path, "instance catalog", "--catalog", INSTANCES_PATH)
     try:
         with path.open(newline="", encoding="utf-8") as handle:
             reader = csv.DictReader(handle)
