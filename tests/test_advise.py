@@ -160,6 +160,21 @@ def test_bad_user_catalog_rows(tmp_path, row, fragment):
         cat.load_instances(extra)
 
 
+def test_an_instance_on_two_rows_of_one_file_is_an_error(tmp_path):
+    """The second row silently won: a user who pasted a new price under the old one, or gave
+    one instance two GPUs, never heard which row was priced."""
+    extra = tmp_path / "dup.csv"
+    extra.write_text(HEADER + "\nlab,box,H100,1,8,64,10,2.5,,,r,2026-11-20,x,"
+                     "\nlab,box,H200,1,8,64,10,3.5,,,r,2026-11-20,x,\n")  # fmt: skip
+    with pytest.raises(UsageError, match="lab:box is on more than one row; keep one"):
+        cat.load_instances(extra)
+    extra.write_text(
+        "provider,instance,ondemand_usd_per_h\naws,p5.48xlarge,40\naws,p5.48xlarge,41\n"
+    )
+    with pytest.raises(UsageError, match="aws:p5.48xlarge is on more than one row"):
+        cat.load_instances(extra)
+
+
 def test_stale_warning_after_90_days():
     assert cat.stale_warning("2026-11-01", today=date(2026, 11, 25)) is None
     assert cat.stale_warning("2026-08-27", today=date(2026, 11, 25)) is None  # 90 days

@@ -178,7 +178,14 @@ def load_instances(extra: Path | None = None, gpu_catalog: Path | None = None) -
     read_gpu_catalog(gpu_catalog)  # its own error first, not as every row's "unknown GPU"
     by_key: dict[tuple[str, str], Instance] = {}
     for path in [INSTANCES_PATH] + ([Path(extra)] if extra is not None else []):
+        seen: set[tuple[str, str]] = set()  # one row per instance in a file: no silent pick
         for row in _rows(path, REQUIRED if path == INSTANCES_PATH else KEY_COLUMNS):
+            if _key(row) in seen:
+                raise UsageError(
+                    f"instance catalog {path}: {':'.join(_key(row))} is on more than one row; "
+                    "keep one row per provider and instance"
+                )
+            seen.add(_key(row))
             known = by_key.get(_key(row))
             if known is not None:  # the columns given override the catalog's row
                 row = {**_as_row(known), **{k: v for k, v in row.items() if k in COLUMNS}}
