@@ -502,6 +502,23 @@ def test_advise_table_names_the_pick(capsys, small_catalog):
     assert "pick: p5.48xlarge" in text and "fastest that stays within $100" in text
 
 
+@pytest.mark.parametrize(
+    "args,met",
+    [([], None), (["--deadline", "100"], True), (["--deadline", "1e-4"], False),
+     (["--budget", "1e-3"], False), (["--deadline", "100", "--budget", "1e-3"], False)],
+)  # fmt: skip
+def test_the_json_says_whether_the_pick_meets_the_deadline_and_budget(
+    capsys, small_catalog, args, met
+):
+    """Where no option met them the pick was the nearest one, and only the reason's words said
+    so: a script reading `recommended` would launch a job that misses its deadline."""
+    small_catalog()
+    code, out, err = cli(capsys, "advise", str(SYNTHETIC), "--samples", "1e7", *args, "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["constraints_met"] is met and doc["recommended"] is not None
+
+
 def test_the_spot_table_says_which_revocation_rate_it_assumed(capsys, small_catalog):
     """--spot printed the checkpoint and restart it assumed, not the revocation rate, which
     is an assumption of 0.05 per hour unless the catalog or the user gives one."""

@@ -268,9 +268,14 @@ def advise(
             "run there before committing)"
         )
     if json_out:
+        # whether the pick meets --deadline and --budget (at p90): where none does, the pick is
+        # the nearest, and only the reason's words said so
+        met = None if chosen is None or (deadline is None and budget is None) else bool(
+            (deadline is None or chosen["time_h_p90"] <= deadline)
+            and (budget is None or chosen["cost_usd_p90"] <= budget))  # fmt: skip
         common.emit_json({
             "catalog_date": day, "options": options, "recommended": chosen,
-            "reason": result.reason, "source_run": record.run_id,
+            "constraints_met": met, "reason": result.reason, "source_run": record.run_id,
             "workload": _workload(record.meta),
             "samples": config.total_samples, "warnings": warnings, "skipped": skipped,
             "spot": None if spot_params is None else {
