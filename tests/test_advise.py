@@ -638,6 +638,19 @@ def test_the_table_shows_every_instance_in_full_in_80_columns(capsys, monkeypatc
     assert max(len(line) for line in out.splitlines()) <= 80
 
 
+@pytest.mark.parametrize("samples", ["1e11", "1e16"])
+def test_a_large_jobs_hours_and_dollars_are_not_cut_short_in_80_columns(
+    capsys, monkeypatch, samples
+):
+    """A $258,827.89 job printed in cents (or 1e16 samples as a 20-digit figure) cut the
+    table's hours, costs and pricing short with an ellipsis in 80 columns."""
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, err = cli(capsys, "advise", str(SYNTHETIC), "--samples", samples, "--spot")
+    assert code == 0, err
+    assert "\u2026" not in out and "..." not in out, out
+    assert "on-demand" in out.split() and max(len(line) for line in out.splitlines()) <= 80
+
+
 def test_an_instance_not_predicted_at_several_node_counts_is_named_once(capsys):
     code, out, err = cli(capsys, "advise", str(SYNTHETIC), "--samples", "1e7", "--max-nodes", "3")
     assert code == 0, err

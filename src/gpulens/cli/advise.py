@@ -314,9 +314,26 @@ def _revocations_text(given: float | None, table) -> str:
     return f"the catalog's per node where given, else {assumed}" if len(listed) else assumed
 
 
+def _figure(value: float) -> str:
+    """Hours or dollars in at most 6 characters (99,999; 132k; 258.8M; 2.9e11): a large job's
+    figures in cents cut the table's columns short in 80 (the JSON keeps every digit)."""
+    size = abs(value)
+    if size < 1e3:
+        return f"{value:,.2f}"
+    if size < 1e5:
+        return f"{value:,.0f}"
+    if size < 1e6:
+        return f"{value / 1e3:.0f}k"
+    if size < 1e9:
+        return f"{value / 1e6:.1f}M"
+    mantissa, exponent = f"{value:.1e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
+
+
 def _render(options, chosen, reason: str, run_id: str, samples: float, day: str) -> None:
     out = common.out
-    table = Table(title=f"{samples:,.0f} samples, predicted from {run_id} (prices of {day})",
+    size = f"{samples:,.0f}" if samples < 1e12 else f"{samples:.3g}"
+    table = Table(title=f"{size} samples, predicted from {run_id} (prices of {day})",
                   title_justify="left", **COMPACT)  # fmt: skip
     # The instance is what the user rents: never cut short. Its provider and the p90s go on
     # each row's second line, so the table reads in 80 columns.
@@ -329,11 +346,12 @@ def _render(options, chosen, reason: str, run_id: str, samples: float, day: str)
     for opt in options:
         gpus = f"{opt['gpus']}x {opt['gpu']}" + (f" x{opt['nodes']}" if opt["nodes"] > 1 else "")
         mark = ("*" if opt["pareto"] else " ") + ("?" if opt.get("beyond_validation") else " ")
-        mark += " <- pick" if opt is chosen else ""
+        mark += " pick" if opt is chosen else ""  # short: the table must read in 80 columns
         instance = Text.assemble(opt["instance"], "\n", (f"({opt['provider']})", "dim"))
         table.add_row(instance, gpus, opt["pricing"],
-                      f"{opt['time_h']:.2f}\n({opt['time_h_p90']:.2f})",
-                      f"{opt['cost_usd']:,.2f}\n({opt['cost_usd_p90']:,.2f})", mark)  # fmt: skip
+                      f"{_figure(opt['time_h'])}\n({_figure(opt['time_h_p90'])})",
+                      f"{_figure(opt['cost_usd'])}\n({_figure(opt['cost_usd_p90'])})",
+                      mark)  # fmt: skip
     out.print(table)
     out.print(Text("* on the Pareto front (no option both faster and cheaper)"), highlight=False)
     if any(opt.get("beyond_validation") for opt in options):
@@ -347,7 +365,8 @@ def _render(options, chosen, reason: str, run_id: str, samples: float, day: str)
               highlight=False)  # fmt: skip
     if chosen is not None:
         out.print(Text(f"pick: {chosen['instance']} x{chosen['nodes']} ({chosen['pricing']}), "
-                       f"{chosen['time_h']:.2f} h, ${chosen['cost_usd']:.2f}: {reason}"),
+                       f"{_figure(chosen['time_h'])} h, ${_figure(chosen['cost_usd'])}: "
+                       f"{reason}"),
                   highlight=False)  # fmt: skip
         if chosen["checkpoint_interval_h"]:
             every = chosen["checkpoint_interval_h"] * 60
