@@ -382,6 +382,9 @@ def test_spot_rate_from_the_catalog_then_the_default():
         ({"samples": 10, "budget_usd": 0.0}, "--budget"),
         ({"epochs": 2.0}, "--dataset-size"),
         ({"samples": 10, "epochs": 2.0, "dataset_size": 5}, "not both"),
+        # a mistyped exponent: --samples 1e25 --spot was an internal error in the simulation
+        ({"samples": 1e25}, "the job is 1e\\+25 samples, more than 1e\\+18"),
+        ({"epochs": 1e10, "dataset_size": 10**10}, "the job is 1e\\+20 samples"),
     ],
 )
 def test_config_rejects_bad_input(kwargs, fragment):

@@ -31,6 +31,9 @@ OPTION_COLUMNS = (
     "checkpoint_interval_h", "revocations_per_h", "validated_error_pct", "beyond_validation",
     "p90_error_pct", "p90_error_basis",
 )  # fmt: skip
+# A job's size beyond any training run (a mistyped exponent): its spot simulation overflowed
+# (--samples 1e25 was an internal error) and its table printed no sense.
+MAX_SAMPLES = 1e18
 Z_P90 = 1.2815515655446004  # the standard normal's 90th percentile
 MAD_TO_SD = math.sqrt(math.pi / 2)  # a normal's sd over its mean absolute deviation
 
@@ -74,6 +77,11 @@ class AdviseConfig:
         _positive("dataset_size", self.dataset_size, "--dataset-size")
         _positive("deadline_h", self.deadline_h, "--deadline")
         _positive("budget_usd", self.budget_usd, "--budget")
+        if self.total_samples > MAX_SAMPLES:
+            raise UsageError(
+                f"the job is {self.total_samples:.3g} samples, more than {MAX_SAMPLES:.0e}: "
+                "check --samples (or --epochs x --dataset-size)"
+            )
         if isinstance(self.max_nodes, bool) or self.max_nodes < 1:
             raise UsageError(f"--max-nodes must be a whole number >= 1, got {self.max_nodes}")
 
