@@ -433,6 +433,9 @@ def test_advise_json_contract(capsys, small_catalog):
     assert rec in doc["options"] and rec["time_h_p90"] <= 10
     assert rec["cost_usd"] == min(o["cost_usd"] for o in doc["options"] if o["time_h_p90"] <= 10)
     assert doc["spot"]["checkpoint_source"].startswith("modelled")
+    # a number where given, else null: it was a number or the words "catalog, else 0.05"
+    assert doc["spot"]["revocations_per_h"] is None
+    assert doc["spot"]["revocations_source"].startswith("the catalog's per node where given")
     # the error of an option is the validated one only within the validated GPUs and counts
     for opt in doc["options"]:
         beyond = opt["beyond_validation"]

@@ -281,8 +281,9 @@ def advise(
             "spot": None if spot_params is None else {
                 "checkpoint_s": spot_params.checkpoint_s, "checkpoint_source": ckpt_source,
                 "restart_s": spot_params.restart_s,
-                "revocations_per_h": revocations_per_h if revocations_per_h is not None
-                else f"catalog, else {cat.DEFAULT_REVOCATIONS_PER_H}",
+                # a number where given, else null (each option's own rate is in the option)
+                "revocations_per_h": revocations_per_h,
+                "revocations_source": _revocations_text(revocations_per_h, table),
                 "monte_carlo_samples": spot_params.samples, "seed": spot_params.seed},
         })  # fmt: skip
         return
