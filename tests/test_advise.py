@@ -384,6 +384,8 @@ def test_spot_rate_from_the_catalog_then_the_default():
         ({"samples": 10, "epochs": 2.0, "dataset_size": 5}, "not both"),
         # a mistyped exponent: --samples 1e25 --spot was an internal error in the simulation
         ({"samples": 1e25}, "the job is 1e\\+25 samples, more than 1e\\+18"),
+        # 100 tried 64 nodes at most, and said nothing
+        ({"samples": 10, "max_nodes": 100}, "--max-nodes must be a whole number from 1 to 64"),
         ({"epochs": 1e10, "dataset_size": 10**10}, "the job is 1e\\+20 samples"),
     ],
 )

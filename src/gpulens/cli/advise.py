@@ -116,12 +116,13 @@ def throughput_table(record, instances, max_nodes: int, gpu_catalog: Path | None
     predictor cannot do are returned apart with its reason."""
     import pandas as pd
 
+    from gpulens.predict.advise import NODE_COUNTS
     from gpulens.predict.predictor import Target, predict_run
 
     cache: dict[Target | str, Any] = {}
     rows, skipped = [], []
     for inst in instances:
-        counts = [1] + [n for n in (2, 4, 8, 16, 32, 64) if n <= max_nodes]
+        counts = [1] + [n for n in NODE_COUNTS if n <= max_nodes]
         for nodes in counts if inst.network_gbps else [1]:
             net = inst.network_gbps if nodes > 1 else None
             target = Target(inst.gpu, inst.gpus, nodes, net)
@@ -211,7 +212,9 @@ def advise(
         "--restart-s",
         help=f"Seconds to resume after a revocation [default: {DEFAULT_RESTART_S:g}].",
     ),
-    max_nodes: int = typer.Option(1, "--max-nodes", help="Also 2, 4, ... nodes up to this."),
+    max_nodes: int = typer.Option(
+        1, "--max-nodes", help="Also 2, 4, ... nodes up to this (at most 64)."
+    ),
     catalog: Path = typer.Option(
         None,
         "--catalog",

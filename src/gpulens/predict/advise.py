@@ -34,6 +34,8 @@ OPTION_COLUMNS = (
 # A job's size beyond any training run (a mistyped exponent): its spot simulation overflowed
 # (--samples 1e25 was an internal error) and its table printed no sense.
 MAX_SAMPLES = 1e18
+# The node counts --max-nodes adds, up to it.
+NODE_COUNTS = (2, 4, 8, 16, 32, 64)
 Z_P90 = 1.2815515655446004  # the standard normal's 90th percentile
 MAD_TO_SD = math.sqrt(math.pi / 2)  # a normal's sd over its mean absolute deviation
 
@@ -82,8 +84,11 @@ class AdviseConfig:
                 f"the job is {self.total_samples:.3g} samples, more than {MAX_SAMPLES:.0e}: "
                 "check --samples (or --epochs x --dataset-size)"
             )
-        if isinstance(self.max_nodes, bool) or self.max_nodes < 1:
-            raise UsageError(f"--max-nodes must be a whole number >= 1, got {self.max_nodes}")
+        if isinstance(self.max_nodes, bool) or not 1 <= self.max_nodes <= NODE_COUNTS[-1]:
+            raise UsageError(
+                f"--max-nodes must be a whole number from 1 to {NODE_COUNTS[-1]} (it adds "
+                f"{', '.join(map(str, NODE_COUNTS[:3]))}, ... nodes up to it), got {self.max_nodes}"
+            )
 
     @property
     def total_samples(self) -> float:
