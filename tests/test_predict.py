@@ -698,6 +698,11 @@ def test_a_run_that_did_not_finish_is_predicted_with_a_warning(capsys, tmp_path)
     code, out, err = cli(capsys, "predict", str(run), "--gpu", "H200", "--json")
     assert code == 0 and json.loads(out)["throughput_samples_per_s"] > 0
     assert "ended failed" in err and "predict from a finished run" in err
+    # the JSON says so too: a script reading stdout only took it for a finished run's
+    assert "ended failed" in json.loads(out)["notes"][0]
+    code, out, err = cli(capsys, "advise", str(run), "--samples", "1e6", "--json")
+    assert code == 0 and "ended failed" in json.loads(out)["warnings"][0]
+    assert err.count("ended failed") == 1
 
 
 @pytest.mark.parametrize("command", [["predict", "--gpu", "H200"], ["advise", "--samples", "1e6"]])

@@ -99,7 +99,7 @@ def resolve_run(target: str):
         )
     try:
         record = find_run(target)
-        common.warn_unfinished(record)
+        common.warn_unfinished(record)  # the running one's error, before the loading's
         return record
     except UsageError:
         from gpulens.workloads.models import list_workloads
@@ -239,6 +239,7 @@ def advise(
     SpotParams(checkpoint_s or 0.0, restart_s, revocations_per_h)  # checks them before reading
     instances = cat.load_instances(catalog, gpu_catalog)
     record = resolve_run(target)
+    unfinished = common.unfinished_text(record)  # warned on stderr; the JSON carries it too
     table, skipped = throughput_table(record, instances, config.max_nodes, gpu_catalog)
     spot_params, ckpt_source = None, None
     if spot:
@@ -280,7 +281,8 @@ def advise(
             "catalog_date": day, "options": options, "recommended": chosen,
             "constraints_met": met, "reason": result.reason, "source_run": record.run_id,
             "workload": _workload(record.meta),
-            "samples": config.total_samples, "warnings": warnings, "skipped": skipped,
+            "samples": config.total_samples, "skipped": skipped,
+            "warnings": ([unfinished] if unfinished else []) + warnings,
             "spot": None if spot_params is None else {
                 "checkpoint_s": spot_params.checkpoint_s, "checkpoint_source": ckpt_source,
                 "restart_s": spot_params.restart_s,

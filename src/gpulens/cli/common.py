@@ -67,17 +67,27 @@ def warn(label: str, text: str) -> None:
     err.print(Text.assemble((label, "yellow"), text), soft_wrap=True, highlight=False)
 
 
-def warn_unfinished(record) -> None:
+def warn_unfinished(record) -> str | None:
     """A run read for a prediction that did not finish: its steps may be a partial picture.
-    One still running has no summary yet: a usage error, not a warning that it "ended"."""
+    Warns on stderr and returns the warning, for a --json document to carry too. One still
+    running has no summary yet: a usage error, not a warning that it "ended"."""
     if record.status == "running":
         raise UsageError(
             f"run {record.run_id} is still running: predict from it once it has ended "
             "(`gpulens runs list` shows its status), or give a finished run"
         )
-    if record.status != "finished":
-        warn("warning: ", f"run {record.run_id} ended {record.status}: its measured steps may "
-             "not represent the job (predict from a finished run)")  # fmt: skip
+    text = unfinished_text(record)
+    if text:
+        warn("warning: ", text)
+    return text
+
+
+def unfinished_text(record) -> str | None:
+    """``warn_unfinished``'s warning, unprinted; None for a finished run."""
+    if record.status == "finished":
+        return None
+    return (f"run {record.run_id} ended {record.status}: its measured steps may not represent "
+            "the job (predict from a finished run)")  # fmt: skip
 
 
 def store_record(record_dir: Path | None, enabled: bool) -> str | None:

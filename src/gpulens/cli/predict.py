@@ -100,10 +100,12 @@ def predict(
     # checks the arguments before any reading
     target = Target(gpu, gpus, nodes, network_gbps, batch_size, workers)
     record = find_run(run)
-    common.warn_unfinished(record)
+    unfinished = common.warn_unfinished(record)
     prediction = predict_run(record, target, catalog)
     if json_out:
-        common.emit_json(prediction.as_dict())
+        doc = prediction.as_dict()
+        doc["notes"] = [unfinished, *doc["notes"]] if unfinished else doc["notes"]
+        common.emit_json(doc)
         return
     out = common.out
     out.print(_table(prediction, run_facts(record), record.meta.get("summary") or {}))
