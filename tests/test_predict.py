@@ -720,6 +720,31 @@ def test_a_run_still_running_is_one_clear_error(capsys, tmp_path, command):
     assert len(err.strip().splitlines()) == 1 and "ended" not in err.split("once")[0]
 
 
+def test_a_gpu_the_run_does_not_fit_is_said_by_predict_and_left_out_by_advise(capsys, tmp_path):
+    """A run whose GPU held 28 GiB was priced on a 24 GB L4 (and on a 16 GB T4) as if it ran:
+    the time model knows nothing of memory, and advise could pick a GPU the job cannot use."""
+    run = copy_record(
+        FIXTURES / "predict_resnet18_b128" / "h100" / "20261125-235354-13e736", tmp_path / "big"
+    )
+    meta = json.loads((run / "run.json").read_text())
+    meta["summary"]["gpu"]["peak_mem_allocated_bytes"] = 30e9
+    (run / "run.json").write_text(json.dumps(meta))
+    code, out, err = cli(capsys, "predict", str(run), "--gpu", "L4", "--json")
+    assert code == 0, err
+    note = json.loads(out)["notes"][0]
+    assert note.startswith("L4 does not fit: the run's GPU held 27.9 GiB") and "24 GB" in note
+    for gpu in ("A100-40GB", "H200"):  # 40 and 141 GB: it fits, nothing said
+        code, out, _ = cli(capsys, "predict", str(run), "--gpu", gpu, "--json")
+        assert not any("does not fit" in n for n in json.loads(out)["notes"])
+    code, out, err = cli(capsys, "advise", str(run), "--samples", "1e7", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert not {o["gpu"] for o in doc["options"]} & {"L4", "A10G", "T4"}
+    assert "A100-40GB" in {o["gpu"] for o in doc["options"]}
+    skipped = {s["instance"]: s["reason"] for s in doc["skipped"]}
+    assert skipped["g6.xlarge"].startswith("L4 does not fit")
+
+
 def test_the_table_shows_what_the_run_measured_beside_the_prediction(capsys):
     code, out, err = cli(capsys, "predict", str(SYNTHETIC), "--gpu", "H200")
     assert code == 0, err

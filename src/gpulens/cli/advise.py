@@ -117,11 +117,17 @@ def throughput_table(record, instances, max_nodes: int, gpu_catalog: Path | None
     import pandas as pd
 
     from gpulens.predict.advise import NODE_COUNTS
+    from gpulens.predict.catalog import find_gpu
+    from gpulens.predict.features import memory_shortfall
     from gpulens.predict.predictor import Target, predict_run
 
     cache: dict[Target | str, Any] = {}
     rows, skipped = [], []
     for inst in instances:
+        short = memory_shortfall(record, find_gpu(inst.gpu, gpu_catalog))
+        if short:  # the time model knows nothing of memory: priced, it would be picked
+            skipped.append({"instance": inst.instance, "nodes": 1, "reason": f"{inst.gpu} {short}"})
+            continue
         counts = [1] + [n for n in NODE_COUNTS if n <= max_nodes]
         for nodes in counts if inst.network_gbps else [1]:
             net = inst.network_gbps if nodes > 1 else None

@@ -222,3 +222,18 @@ def _model_counts(workload: str | None) -> tuple[int | None, int | None, int | N
     )
     tensors = sum(p.requires_grad for p in model.parameters())
     return int(params), int(layers), int(tensors)
+
+
+def memory_shortfall(record, spec) -> str | None:
+    """Why the run, at its batch (or a larger one), cannot fit on ``spec``'s GPU: the peak of
+    memory its PyTorch allocator held exceeds the GPU's memory (read as GiB, the lenient
+    reading); None where it fits or the run has no such peak. The time model knows nothing of
+    memory, so a prediction (and `advise`) would otherwise price a job that cannot run."""
+    gpu = (record.meta.get("summary") or {}).get("gpu") or {}
+    peak = _num(gpu.get("peak_mem_allocated_bytes"))
+    if peak is None or not spec.mem_gb or peak <= spec.mem_gb * 2**30:
+        return None
+    return (
+        f"does not fit: the run's GPU held {peak / 2**30:.1f} GiB at its peak, more than the "
+        f"{spec.gpu}'s {spec.mem_gb:g} GB (a smaller batch per GPU would need less)"
+    )
