@@ -261,3 +261,11 @@ def test_a_bad_objective_is_named_before_the_store_is_read(capsys):
     err = capsys.readouterr().err
     assert code == 2 and "--objective must be one of normalized, samples, got 'foo'" in err, err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_more_cpus_than_a_host_has_is_an_error_not_minutes_of_waiting(capsys):
+    """--cpus 1000000 ran the exact split's programme (square in the CPUs) for minutes."""
+    code = main(["allocate-workers", "resnet50", "--cpus", "1000000"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--cpus must be at most 1024 (one host's CPUs), got 1000000" in err, err
+    assert len(err.strip().splitlines()) == 1

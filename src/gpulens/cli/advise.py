@@ -415,14 +415,19 @@ def allocate_workers(
     json_out: bool = typer.Option(False, "--json", help=common.JSON_HELP),
 ) -> None:
     from gpulens.paths import runs_dir
-    from gpulens.predict.workers import OBJECTIVES, allocate, allocation_frame, curve_for_job
+    from gpulens.predict.workers import (
+        OBJECTIVES,
+        allocate,
+        allocation_frame,
+        check_cpus,
+        curve_for_job,
+    )
     from gpulens.record.reader import list_records
     from gpulens.store.queries import find_run
 
     if objective not in OBJECTIVES:  # before the store is read: its errors would hide this one
         raise UsageError(f"--objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
-    if cpus < len(jobs):
-        raise UsageError(f"--cpus must be at least the number of jobs ({len(jobs)}), got {cpus}")
+    check_cpus(cpus, len(jobs))  # before the store is read, as --objective
     metas = [r.meta for r in list_records(runs_dir())]
     known = {_workload(m) for m in metas}
     named = [_job(j, known, find_run) for j in jobs]

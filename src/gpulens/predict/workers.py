@@ -20,6 +20,9 @@ log = logging.getLogger(__name__)
 # A run whose data wait is above this share of its step was waiting for its loader.
 LOADER_BOUND_SHARE = 0.05
 OBJECTIVES = ("normalized", "samples")
+# More CPUs than any one host has (the largest cloud hosts: 448 vCPUs): the exact split's
+# programme grows with the square of the CPUs, and --cpus 1000000 ran for minutes unanswered.
+MAX_CPUS = 1024
 
 
 @dataclass(frozen=True)
@@ -209,6 +212,14 @@ def dynamic_programme(values: np.ndarray, cpus: int) -> tuple[int, ...]:
     return tuple(reversed(alloc))
 
 
+def check_cpus(cpus: int, jobs: int) -> None:
+    """A UsageError unless ``cpus`` is from the number of jobs to ``MAX_CPUS``."""
+    if isinstance(cpus, bool) or cpus < jobs:
+        raise UsageError(f"--cpus must be at least the number of jobs ({jobs}), got {cpus}")
+    if cpus > MAX_CPUS:
+        raise UsageError(f"--cpus must be at most {MAX_CPUS} (one host's CPUs), got {cpus}")
+
+
 def allocate(
     curves: list[Curve], cpus: int, objective: str = "normalized", method: str = "dp"
 ) -> Allocation:
@@ -219,8 +230,7 @@ def allocate(
         raise UsageError(f"--objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
     if not curves:
         raise UsageError("give at least one job")
-    if isinstance(cpus, bool) or cpus < len(curves):
-        raise UsageError(f"--cpus must be at least the number of jobs ({len(curves)}), got {cpus}")
+    check_cpus(cpus, len(curves))
     values = _values(curves, cpus, objective)
     workers = greedy(values, cpus) if method == "greedy" else dynamic_programme(values, cpus)
     even = even_split(len(curves), cpus)
