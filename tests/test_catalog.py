@@ -145,3 +145,16 @@ def test_a_catalog_that_is_not_a_csv_is_named_by_its_format(tmp_path, suffix):
         gpu_catalog(path)
     with pytest.raises(UsageError, match=f"is a {suffix} file, and --catalog reads a CSV"):
         load_instances(path)
+
+
+def test_each_catalog_given_to_the_others_option_names_the_right_one(tmp_path):
+    """An instance catalog given as a GPU catalog (predict's --catalog is its deprecated
+    spelling) listed eleven missing columns; the reverse, two."""
+    instances = tmp_path / "instances.csv"
+    instances.write_text("provider,instance,gpu,gpus\nlab,box,H100,1\n")
+    with pytest.raises(UsageError, match="is an instance catalog .*`gpulens advise --catalog`"):
+        gpu_catalog(instances)
+    gpus = tmp_path / "gpus.csv"
+    gpus.write_text(",".join(COLUMNS) + "\n")
+    with pytest.raises(UsageError, match="is a GPU catalog .*give it with --gpu-catalog"):
+        load_instances(gpus)

@@ -80,6 +80,12 @@ def _read_rows(path: Path) -> list[dict[str, str]]:
         with path.open(newline="", encoding="utf-8") as handle:
             reader = csv.DictReader(handle)
             missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
+            if missing and {"provider", "instance"} <= set(reader.fieldnames or []):
+                raise UsageError(
+                    f"{path} is an instance catalog (provider, instance): give it to "
+                    "`gpulens advise --catalog`; --gpu-catalog takes GPUs, with the header of "
+                    f"the bundled {CATALOG_PATH}"
+                )
             if missing:
                 raise UsageError(
                     f"GPU catalog {path} lacks columns {', '.join(missing)}; "

@@ -141,6 +141,12 @@ def _rows(path: Path, required: tuple[str, ...] = REQUIRED) -> list[dict]:
         with path.open(newline="", encoding="utf-8") as handle:
             reader = csv.DictReader(handle)
             missing = [c for c in required if c not in (reader.fieldnames or [])]
+            if missing and {"gpu", "fp32_tflops"} <= set(reader.fieldnames or []):
+                raise UsageError(
+                    f"{path} is a GPU catalog (gpu, fp32_tflops, ...): give it with "
+                    "--gpu-catalog; --catalog takes instances, with the header of the bundled "
+                    f"{INSTANCES_PATH}"
+                )
             if missing:
                 what = (
                     "a row names its provider and instance, then the columns it changes"
