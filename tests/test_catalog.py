@@ -158,3 +158,19 @@ def test_each_catalog_given_to_the_others_option_names_the_right_one(tmp_path):
     gpus.write_text(",".join(COLUMNS) + "\n")
     with pytest.raises(UsageError, match="is a GPU catalog .*give it with --gpu-catalog"):
         load_instances(gpus)
+
+
+@pytest.mark.parametrize(
+    "gpu,aliases,fragment",
+    [("RTX4090", "rtx 4090;h100", "'h100' names both H100-SXM and RTX4090"),
+     # meant to override the H100-SXM row: another GPU beside it, never found by its name
+     ("H100 SXM", "", "'h100sxm' names both H100-SXM and H100 SXM")],
+)  # fmt: skip
+def test_a_user_gpu_whose_name_or_alias_is_another_gpus_is_an_error(tmp_path, gpu, aliases,
+                                                                    fragment):  # fmt: skip
+    """--gpu h100 found the bundled H100-SXM first: the user's row went silently unused."""
+    path = tmp_path / "gpus.csv"
+    row = f"{gpu},{aliases},82,82,165,165,330,24,1008,0,32,https://x,2026-11-20"
+    path.write_text(",".join(COLUMNS) + "\n" + row + "\n")
+    with pytest.raises(UsageError, match=fragment):
+        find_gpu("h100", path)

@@ -147,6 +147,15 @@ def _specs(extra: Path | None) -> list[GpuSpec]:
             }
             spec = GpuSpec(**values)
             by_name[spec.gpu.lower()] = spec  # a user row overrides the bundled one
+    owner: dict[str, str] = {}  # a typed name finds the first GPU it names: it must name one
+    for spec in by_name.values():
+        for name in {_key(a) for a in [spec.gpu, *spec.aliases.split(";")] if _key(a)}:
+            if owner.setdefault(name, spec.gpu) != spec.gpu:
+                raise UsageError(
+                    f"GPU catalog {extra}: {name!r} names both {owner[name]} and {spec.gpu} "
+                    f"(as a name or alias); give each GPU names of its own, or use the name "
+                    f"{owner[name]} to override its row"
+                )
     return list(by_name.values())
 
 
