@@ -770,3 +770,23 @@ def test_the_measured_parts_add_up_to_the_step_as_the_predicted_ones_do(capsys):
     measured = ms(rows["compute"][0]) + ms(rows["data"][0])
     assert measured == pytest.approx(ms(rows["step time"][0]), abs=0.02)
     assert rows["data"][0] == rows["data"][1] and rows["compute"][0] == rows["compute"][1]
+
+
+def test_changes_made_together_claim_an_error_only_where_validated_together(capsys):
+    """H100 -> 2x H200 at twice the batch claimed ±7.2%, the largest single-change figure,
+    though no such combination was ever measured; a GPU with a GPU count change was."""
+    run = "tests/fixtures/predict_resnet18_b128/h100/20261125-235354-13e736"
+    code, out, err = cli(capsys, "predict", run, "--gpu", "H200", "--gpus", "2", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["validated_error_pct"] == pytest.approx(7.2) and doc["beyond_validation"] is None
+    for extra in (["--gpus", "2", "--batch-size", "256"], ["--batch-size", "256"]):
+        code, out, err = cli(capsys, "predict", run, "--gpu", "H200", *extra, "--json")
+        assert code == 0, err
+        doc = json.loads(out)
+        assert doc["validated_error_pct"] is None
+        assert "at once (each validated alone)" in doc["beyond_validation"]
+    assert (
+        "GPU, GPU count and batch" in doc["beyond_validation"]
+        or "GPU and batch" in (doc["beyond_validation"])
+    )

@@ -454,7 +454,7 @@ def predict_run(record, target: Target, catalog: Path | None = None) -> Predicti
     # a regression's held-out error was measured on the GPUs it was fitted on
     gpus = (src_spec.gpu, tgt_spec.gpu) if fit_error is None else ()
     beyond = validation.beyond_validation(
-        gpus, facts.gpus, target.gpus, target.nodes, batch / facts.batch_size
+        gpus, facts.gpus, target.gpus, target.nodes, batch / facts.batch_size, tuple(regimes)
     )
     if _is_measured_here(method, regimes):
         beyond = None  # the run's own configuration: nothing is predicted

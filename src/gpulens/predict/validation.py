@@ -277,18 +277,34 @@ VALIDATED_GPU_COUNTS = (1, 2, 4)
 VALIDATED_BATCH_FACTORS = (1 / 8, 8.0)
 
 
+# The changes a prediction's regimes say it makes, and those validated made together: each
+# alone, and a GPU change with a GPU count change (1 H100 -> 2 H200s, `multi_gpu`).
+CHANGE_REGIMES = {
+    "GPU": ("gpu_bound", "host_bound"),
+    "GPU count": ("multi_gpu", "multi_gpu_same_gpu"),
+    "batch": ("batch_up", "batch_up_host_bound", "batch_down", "batch_down_probed"),
+    "workers": ("workers",),
+}
+VALIDATED_TOGETHER = (frozenset({"GPU", "GPU count"}),)
+
+
 def beyond_validation(
     gpus: tuple[str, ...],
     source_gpus: int,
     target_gpus: int,
     nodes: int = 1,
     batch_factor: float = 1.0,
+    regimes: tuple[str, ...] = (),
 ) -> str | None:
     """What of a prediction between ``gpus`` (catalog names), from ``source_gpus`` to
-    ``target_gpus`` per node on ``nodes``, at ``batch_factor`` times the run's batch, lies
-    outside what was validated; None if nothing."""
+    ``target_gpus`` per node on ``nodes``, at ``batch_factor`` times the run's batch, with
+    ``regimes`` (the changes it makes), lies outside what was validated; None if nothing."""
     outside = [g for g in dict.fromkeys(gpus) if g not in VALIDATED_GPUS]
     parts = [f"{' and '.join(outside)} (validated on H100 and H200 only)"] if outside else []
+    changes = [c for c, tags in CHANGE_REGIMES.items() if any(r in tags for r in regimes)]
+    if len(changes) > 1 and frozenset(changes) not in VALIDATED_TOGETHER:
+        named = ", ".join(changes[:-1]) + f" and {changes[-1]}"
+        parts.append(f"a change of {named} at once (each validated alone)")
     low, high = VALIDATED_BATCH_FACTORS
     if not low <= batch_factor <= high:
         parts.append(f"a batch x{batch_factor:.3g} the run's (validated from x1/8 to x8)")
