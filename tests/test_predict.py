@@ -790,3 +790,21 @@ def test_changes_made_together_claim_an_error_only_where_validated_together(caps
         "GPU, GPU count and batch" in doc["beyond_validation"]
         or "GPU and batch" in (doc["beyond_validation"])
     )
+
+
+def test_a_wrapped_command_is_refused_in_one_line(capsys, tmp_path):
+    """A tracked script's run on a GPU (`gpulens run -- python train.py`) keeps a list of
+    GPUs in its summary: `predict latest` on one was `internal error: TypeError: int()`."""
+    run = tmp_path / "command"
+    shutil.copytree(FIXTURES / "predict_resnet18_b128" / "h100" / "20261125-235354-13e736", run)
+    meta = json.loads((run / "run.json").read_text())
+    gpu = meta["summary"]["gpu"]
+    meta["kind"] = "command"
+    meta["summary"] = {**meta["summary"], "gpus": [gpu], "workload": None, "batch_size": None}
+    (run / "run.json").write_text(json.dumps(meta))
+    for args in (["--gpu", "H200"], ["--gpu", "RTX9999"], ["--gpus", "2"]):
+        code, out, err = cli(capsys, "predict", str(run), *args)
+        assert code == 2 and "internal error" not in err, err
+        assert "is a command" in err and "gpulens run WORKLOAD" in err
+    code, out, err = cli(capsys, "advise", str(run), "--samples", "1000000")
+    assert code == 2 and "is a command" in err, err

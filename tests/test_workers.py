@@ -239,6 +239,22 @@ def test_a_named_run_without_a_data_loader_exits_2_naming_it(capsys, gpulens_hom
     assert len(err.strip().splitlines()) == 1
 
 
+def test_a_named_command_run_exits_2_saying_it_is_a_command(capsys, gpulens_home, tmp_path):
+    """A `gpulens run -- python train.py` run has no workload: the message said "run X is no
+    finished run of X ... `gpulens run X --data DIR`", the run id as a workload."""
+    run = tmp_path / "command"
+    shutil.copytree(LOADER_RUN, run)
+    meta = json.loads((run / "run.json").read_text())
+    meta["kind"] = "command"
+    meta["summary"] = {**meta["summary"], "workload": None}
+    meta["effective_config"] = {**meta["effective_config"], "workload": None}
+    (run / "run.json").write_text(json.dumps(meta))
+    code = main(["allocate-workers", str(run), "resnet50", "--cpus", "8"])
+    err = capsys.readouterr().err
+    assert code == 2 and "is a command (`gpulens run -- ...`)" in err, err
+    assert f"gpulens run {meta['run_id']}" not in err and len(err.strip().splitlines()) == 1
+
+
 def test_cli_without_runs_exits_2_with_one_line(capsys):
     code = main(["allocate-workers", "resnet50", "--cpus", "4"])
     err = capsys.readouterr().err

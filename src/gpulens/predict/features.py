@@ -147,6 +147,12 @@ def run_facts(record) -> RunFacts:
     eff = meta.get("effective_config") or {}
     phases = s.get("phases_s") or {}
     step = _num(phases.get("step"))
+    if meta.get("kind") == "command":  # no model, batch or precision that gpulens knows
+        raise UsageError(
+            f"run {rid} is a command (`gpulens run -- ...`): predict needs a built-in "
+            "workload's run, whose model, batch and precision it knows: measure the nearest "
+            "one (`gpulens workloads`) with `gpulens run WORKLOAD --torch-profiler 5`"
+        )
     if not s.get("measured_steps") or not step or step <= 0:
         raise UsageError(
             f"run {rid} has no measured training steps to predict from: "

@@ -110,6 +110,12 @@ def curve_for_job(job: str, metas: list[dict], cpus: int, run: dict | None = Non
     runs = _loader_runs(job, metas)
     label = f"{job} ({run['run_id']})" if run is not None and run.get("run_id") else job
     if run is not None:
+        if run.get("kind") == "command":  # its loader is the script's own: nothing to scale
+            raise UsageError(
+                f"run {run.get('run_id')} is a command (`gpulens run -- ...`): allocate-workers "
+                "needs a built-in workload's run with a data loader: `gpulens run WORKLOAD "
+                "--data DIR --workers N`"
+            )
         if not _loader_runs(job, [run]):
             raise UsageError(
                 f"run {run.get('run_id')} is no finished run of {job} with a data loader: give "
