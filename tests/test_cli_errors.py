@@ -435,6 +435,21 @@ def test_a_run_refused_for_its_data_leaves_no_record_and_stores_nothing(
     assert '"run_id"' not in run_cli(capsys, "runs", "list", "--json")[1]
 
 
+def test_a_data_parallel_run_refused_for_its_data_leaves_no_record(capsys, gpulens_home, tmp_path):
+    """With --gpus 2 the ranks built the loader once the monitor ran: a folder with no images,
+    or too few for a batch a process, left a failed run (found after session 35's contract)."""
+    from gpulens.data.datagen import make_images
+
+    (tmp_path / "empty" / "class_a").mkdir(parents=True)
+    make_images(tmp_path / "few", 10)
+    for data, fragment in (("empty", "holds no images"), ("few", "fewer than one batch of 8")):
+        code, out, err = run_cli(capsys, "run", "tiny_cnn", "--device", "cpu", "--gpus", "2",
+                                 "--steps", "2", "--batch-size", "8",
+                                 "--data", str(tmp_path / data))  # fmt: skip
+        assert code == 2 and fragment in err, err
+        assert not list((gpulens_home / "runs").glob("*"))
+
+
 @pytest.mark.parametrize(
     "args,fragment",
     [

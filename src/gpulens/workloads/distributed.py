@@ -40,7 +40,7 @@ from gpulens.workloads.config import EffectiveTrainConfig, resolve_config
 from gpulens.workloads.devices import nvml_index_for
 from gpulens.workloads.loop import LoopResult, StopControl, measured_loop
 from gpulens.workloads.models import WorkloadSpec, get_workload
-from gpulens.workloads.recipe import oom_message, prepare
+from gpulens.workloads.recipe import oom_message, prepare, require_one_batch
 from gpulens.workloads.run_summary import summarize_run
 
 log = logging.getLogger(__name__)
@@ -223,6 +223,10 @@ def run_distributed(
         nodes=nodes.as_dict() if nodes else None,
     )
     name = config.name or f"{spec.name}-{world}x{device_type}-b{eff.batch_size}"
+    if eff.data != "synthetic":  # the ranks would find bad data only once the run measures
+        from gpulens.data.datasets import build_dataset
+
+        require_one_batch(eff, len(build_dataset(spec, eff.data, n_synthetic=0)), world)
     shard = None
     if nodes is not None:
         from gpulens.workloads.nodes import NodeShard

@@ -153,6 +153,16 @@ class Prepared:
     dataset: Any = None  # the loader's dataset (None for batches made on the device)
 
 
+def require_one_batch(eff, n_samples: int, world_size: int = 1) -> None:
+    """UsageError where ``n_samples`` make less than one batch for each of ``world_size``
+    processes (a loader with drop_last would yield nothing)."""
+    if n_samples < eff.batch_size * world_size:
+        raise UsageError(
+            f"dataset {eff.data} has {n_samples} samples, fewer than one batch of "
+            f"{eff.batch_size} per process: make more data or lower --batch-size"
+        )
+
+
 def build_loader(
     spec: WorkloadSpec,
     eff: EffectiveTrainConfig,
@@ -182,11 +192,7 @@ def build_loader(
         skip_bad_samples=eff.skip_bad_samples,
         skip_log=skip_log,
     )
-    if len(dataset) < batch * world_size:
-        raise UsageError(
-            f"dataset {eff.data} has {len(dataset)} samples, fewer than one batch of "
-            f"{batch} per process: make more data or lower --batch-size"
-        )
+    require_one_batch(eff, len(dataset), world_size)
     workers = eff.workers
     sampler: torch.utils.data.Sampler = EndlessShuffle(len(dataset), eff.seed, rank, world_size)
     if eff.paired_cold_block:
