@@ -808,3 +808,21 @@ def test_a_wrapped_command_is_refused_in_one_line(capsys, tmp_path):
         assert "is a command" in err and "gpulens run WORKLOAD" in err
     code, out, err = cli(capsys, "advise", str(run), "--samples", "1000000")
     assert code == 2 and "is a command" in err, err
+
+
+def test_a_feature_constant_up_to_rounding_gets_no_weight_in_the_regression():
+    """The H100's and H200's equal peaks, logged, differ by 7e-15 across runs: divided by that
+    spread they became a feature of pure rounding noise, and any other value a huge one."""
+    import numpy as np
+
+    from gpulens.predict.fit import _predict, _solve
+
+    rng = np.random.default_rng(0)
+    signal = rng.normal(size=40)
+    peak = np.log(989e12) + rng.choice([0.0, 7e-15], size=40)  # one peak, two roundings
+    x = np.column_stack([signal, peak])
+    y = 0.5 * signal + rng.normal(scale=0.01, size=40)
+    fitted = _solve(x, y)
+    assert fitted[1][1] == 1.0 and abs(fitted[2][1]) < 1e-9  # no weight on the constant
+    other = np.array([[0.0, np.log(312e12)]])  # a GPU of another peak: finite, unmoved
+    assert _predict(fitted, other)[0] == pytest.approx(_predict(fitted, x[:1] * [0, 1])[0])

@@ -103,7 +103,10 @@ class FitModel:
 def _solve(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
     mean = x.mean(axis=0)
     scale = x.std(axis=0)
-    scale[scale == 0] = 1.0  # a constant feature (one GPU, one precision) gets no weight
+    # a constant feature (one GPU, one precision) gets no weight; "constant" up to rounding:
+    # log peaks of the H100 and H200 (equal) came out 7e-15 apart, and divided by that spread
+    # they became a feature of rounding noise (and a GPU of another peak, a huge one)
+    scale[scale <= 1e-9 * np.maximum(1.0, np.abs(mean))] = 1.0
     z = (x - mean) / scale
     intercept = float(y.mean())
     coef = np.linalg.solve(z.T @ z + RIDGE * len(y) * np.eye(z.shape[1]), z.T @ (y - intercept))
