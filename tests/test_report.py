@@ -251,3 +251,24 @@ def test_a_report_to_a_file_not_named_html_is_refused(name, capsys, tmp_path):
     err = capsys.readouterr().err
     assert "must end in .html" in err and "Traceback" not in err
     assert not list(tmp_path.iterdir())  # nothing left behind
+
+
+def test_a_folder_with_a_damaged_run_json_is_reported_without_it_and_says_so(tmp_path, capsys):
+    """`gpulens report FOLDER`: a half-written run.json is skipped with a warning naming it and
+    the fix; the other runs are reported."""
+    folder = tmp_path / "runs"
+    shutil.copytree(JPEG, folder / "20261122-035651-9e46cf")
+    bad = folder / "20261128-100000-aaaaaa"
+    bad.mkdir()
+    (bad / "run.json").write_text((JPEG / "run.json").read_text()[:200])
+    out = tmp_path / "r.html"
+    assert main(["report", str(folder), "-o", str(out), "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["skipped"] == [str(bad)]
+    assert "skipped" in captured.err and str(bad) in captured.err and "Fix:" in captured.err
+    assert out.is_file()
+    shutil.rmtree(folder / "20261122-035651-9e46cf")  # only damaged records: one clear error
+    assert main(["report", str(folder), "-o", str(tmp_path / "s.html")]) != 0
+    err = capsys.readouterr().err
+    assert "is damaged" in err and "Traceback" not in err
+    assert not (tmp_path / "s.html").exists()

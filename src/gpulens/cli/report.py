@@ -54,21 +54,26 @@ def _write_whole(out: Path, text: str) -> Path:
 
 
 def _records(refs: list[str]):
-    from gpulens.record.reader import list_records
+    from gpulens.record.reader import scan_records
     from gpulens.record.schema import RUN_FILE
     from gpulens.store.queries import find_run
 
-    records = []
+    records, skipped = [], []
     for ref in refs:
         path = Path(ref).expanduser()
         if path.is_dir() and not (path / RUN_FILE).is_file():
-            found = list_records(path)
+            found, damaged = scan_records(path)
             if not found:
+                if damaged:  # every record in the folder is damaged: say which and how
+                    raise damaged[0].error()
                 raise UsageError(f"{ref} holds no gpulens runs: give a run id or a run directory")
+            for bad in damaged:  # one damaged record does not stop the report of the others
+                common.warn("warning: skipped: ", bad.message())
+                skipped.append(str(bad.dir))
             records += found
         else:
             records.append(find_run(ref))
-    return records
+    return records, skipped
 
 
 def report(
@@ -96,7 +101,7 @@ def report(
     from gpulens.report.document import build_report
     from gpulens.report.html import render_html
 
-    records = _records(runs)
+    records, skipped = _records(runs)
     sections = build_report(records)
     if title is None:
         names = [str(r.meta.get("name") or r.run_id) for r in records]
@@ -107,7 +112,7 @@ def report(
     if json_out:
         common.emit_json(
             {"report": str(out), "runs": [r.run_id for r in records], "figures": n_figures,
-             "bytes": out.stat().st_size}
+             "bytes": out.stat().st_size, "skipped": skipped}
         )  # fmt: skip
         return
     common.out.print(
