@@ -272,3 +272,28 @@ def test_a_folder_with_a_damaged_run_json_is_reported_without_it_and_says_so(tmp
     err = capsys.readouterr().err
     assert "is damaged" in err and "Traceback" not in err
     assert not (tmp_path / "s.html").exists()
+
+
+def test_stall_runs_of_two_experiments_get_a_breakdown_each_never_pooled(tmp_path):
+    """A folder holding the runs of two `gpulens stalls` (another workload and device) gives
+    two breakdowns; the H100 one is the stored breakdown, untouched by the other's runs."""
+    stored = json.loads(next(RESULTS.glob("stalls-*-s8-8339c1c-*.json")).read_text())["result"]
+    h100 = [read_record(p) for p in sorted(STALLS.iterdir())]
+    other = []
+    for run in sorted(STALLS.iterdir())[:2]:  # its ingestion-free and cached runs
+        meta = json.loads((run / "run.json").read_text())
+        meta["run_id"] = meta["run_id"][:-6] + "cpu000"
+        meta["summary"].update(workload="tiny_cnn", gpu={}, throughput_samples_per_s=100.0)
+        meta["summary"]["phases_s"] = {"step": 0.3}
+        meta["effective_config"].update(workload="tiny_cnn", device="cpu")
+        meta["environment"].pop("gpu_model", None)
+        other.append(RunRecord(tmp_path, meta))
+    sections = document.build_report(h100 + other)
+    stalls = [s for s in sections if s.title.startswith("stall breakdown")]
+    assert [s.title for s in stalls] == [
+        "stall breakdown: resnet50 on NVIDIA H100 80GB HBM3 (bf16, batch 128)",
+        "stall breakdown: tiny_cnn on cpu (bf16, batch 128)",
+    ]
+    bars = {t.name: t for t in stalls[0].figures[0].data}
+    for part in ("compute", "prep_stall", "fetch_stall"):
+        assert bars[part.replace("_", " ")].x[0] == pytest.approx(stored["breakdown_pct"][part])

@@ -209,6 +209,18 @@ def stall_section(records: list[RunRecord]) -> Section | None:
     return section
 
 
+def _stall_setup(record: RunRecord) -> tuple[str, ...]:
+    """What one `gpulens stalls` experiment's runs share (its runs differ in data, workers and
+    GPU count by design): workload, GPU (or device), precision and batch size."""
+    s, eff = record.meta.get("summary") or {}, record.meta.get("effective_config") or {}
+    env = record.meta.get("environment") or {}
+    device = (s.get("gpu") or {}).get("name") or env.get("gpu_model") or eff.get("device")
+    workload, precision = s.get("workload") or eff.get("workload"), s.get("precision")
+    setup = (workload, device, precision or eff.get("precision"),
+             s.get("batch_size") or eff.get("batch_size"))  # fmt: skip
+    return tuple(str(v if v is not None else "n/a") for v in setup)
+
+
 COMPARED = (
     ("throughput samples/s", ("throughput_samples_per_s",), "throughput_ci95_pct", 1.0),
     ("step ms", ("phases_s", "step"), None, 1000.0),
@@ -276,9 +288,15 @@ def build_report(records: list[RunRecord]) -> list[Section]:
     if len(runs) >= 2:
         sections.append(comparison_section(runs))
     stall_runs = [r for r in runs if str(r.meta.get("role") or "").startswith("stalls:")]
-    if stall_runs:
-        stall = stall_section(stall_runs)
+    experiments: dict[tuple[str, ...], list[RunRecord]] = {}
+    for r in stall_runs:  # runs of different experiments are never pooled into one breakdown
+        experiments.setdefault(_stall_setup(r), []).append(r)
+    for setup, group in experiments.items():
+        stall = stall_section(group)
         if stall is not None:
+            if len(experiments) > 1:
+                workload, device, precision, batch = setup
+                stall.title += f": {workload} on {device} ({precision}, batch {batch})"
             sections.append(stall)
     for r in records:
         sections.append(SECTION_OF_KIND.get(r.meta.get("kind"), run_section)(r))
