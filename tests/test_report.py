@@ -297,3 +297,23 @@ def test_stall_runs_of_two_experiments_get_a_breakdown_each_never_pooled(tmp_pat
     bars = {t.name: t for t in stalls[0].figures[0].data}
     for part in ("compute", "prep_stall", "fetch_stall"):
         assert bars[part.replace("_", " ")].x[0] == pytest.approx(stored["breakdown_pct"][part])
+
+
+def test_a_training_run_beside_a_colocate_run_keeps_its_figures_and_says_why_no_table(tmp_path):
+    """`gpulens report TRAIN COLOCATE`: the training run's step-time distribution stays in its
+    own section (it landed under the colocate run's heading), and the page says why there is
+    no comparison table."""
+    colocate = RunRecord(tmp_path, {
+        "run_id": "c", "name": "colo", "kind": "colocate", "status": "finished",
+        "summary": {"colocate": json.loads(COLOCATE.read_text())["result"]},
+    })  # fmt: skip
+    for records in ([read_record(JPEG), colocate], [colocate, read_record(JPEG)]):
+        sections = document.build_report(records)
+        first, *runs = sections
+        assert first.title == "comparison" and first.table is None
+        assert "these are colocate, train runs" in first.notes[0]
+        train = next(s for s in runs if "(train," in s.title)
+        colo = next(s for s in runs if "(colocate," in s.title)
+        assert [f.layout.title.text.split(" (")[0] for f in train.figures] == [
+            "GPU and steps over time", "step time distribution"]  # fmt: skip
+        assert not any("step time" in f.layout.title.text for f in colo.figures)

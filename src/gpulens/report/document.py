@@ -300,7 +300,12 @@ def build_report(records: list[RunRecord]) -> list[Section]:
             sections.append(stall)
     for r in records:
         sections.append(SECTION_OF_KIND.get(r.meta.get("kind"), run_section)(r))
-    if len(runs) == 1:
-        only = comparison_section(runs)
-        sections[-1].figures += only.figures  # the step-time distribution of the one run
+        if len(runs) == 1 and r is runs[0]:  # the step-time distribution of the one run
+            sections[-1].figures += comparison_section(runs).figures
+    if len(records) > 1 and len(runs) < 2:
+        kinds = ", ".join(sorted({str(r.meta.get("kind")) for r in records}))
+        sections.insert(0, Section("comparison", notes=[
+            f"no comparison table: it needs two runs that train or run a command, and these "
+            f"are {kinds} runs; each is shown on its own below"
+        ]))  # fmt: skip
     return sections
