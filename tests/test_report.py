@@ -317,3 +317,26 @@ def test_a_training_run_beside_a_colocate_run_keeps_its_figures_and_says_why_no_
         assert [f.layout.title.text.split(" (")[0] for f in train.figures] == [
             "GPU and steps over time", "step time distribution"]  # fmt: skip
         assert not any("step time" in f.layout.title.text for f in colo.figures)
+
+
+def test_a_colocate_run_draws_the_mechanisms_measured_and_says_why_the_others_are_not():
+    """On a CPU only time-slicing runs: streams, MPS and MIG get no empty column in the figures
+    but a note with the reason, as the terminal prints it."""
+    doc = json.loads(COLOCATE.read_text())["result"]
+    why = "unavailable: MIG needs an NVIDIA GPU"
+    skipped = {**doc["results"][1], "mechanism": "mig", "setting": "existing instances",
+               "status": "unavailable", "error": why}  # fmt: skip
+    skipped["jobs"] = [{**j, "throughput_together": None, "slowdown": None}
+                       for j in skipped["jobs"]]  # fmt: skip
+    doc = {**doc, "results": [*doc["results"], skipped]}
+    record = RunRecord(Path("."), {"run_id": "c", "kind": "colocate", "status": "finished",
+                                   "summary": {"colocate": doc}})  # fmt: skip
+    section = document.colocate_section(record)
+
+    def _lab(r):
+        return r["mechanism"] + (f" {r['setting']}" if r["setting"] != "default" else "")
+
+    bars, heat, combined = section.figures
+    assert [str(x) for x in heat.data[0].x] == [_lab(r) for r in doc["results"][:5]]
+    assert all(None not in list(t.y) for t in combined.data)
+    assert "mig existing instances: unavailable: MIG needs an NVIDIA GPU" in section.notes

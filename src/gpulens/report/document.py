@@ -164,6 +164,11 @@ def colocate_section(record: RunRecord) -> Section:
     if doc.get("recommendation"):
         section.facts.append(("recommendation", str(doc["recommendation"])))
     section.figures = figures.colocate_figures(doc)
+    for r in doc.get("results") or []:
+        if r.get("status") not in (None, "ok"):  # as the terminal says it, one line each
+            error = str(r.get("error") or "not measured")
+            status = "" if error.startswith(str(r["status"])) else f"{r['status']}: "
+            section.notes.append(f"{r.get('mechanism')} {r.get('setting')}: {status}{error}")
     section.notes += [str(w) for w in doc.get("warnings") or []]
     if not section.figures:
         section.notes.append("no mechanism was measured together: nothing to compare")

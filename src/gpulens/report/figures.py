@@ -228,7 +228,12 @@ def _setting_label(result: dict[str, Any]) -> str:
 def colocate_figures(doc: dict[str, Any]) -> list[go.Figure]:
     """Throughput alone vs together per job and mechanism, the slowdown heat map (job x
     mechanism), and combined throughput with fairness."""
-    results = [r for r in doc.get("results") or [] if r.get("jobs")]
+    # a mechanism that did not run (unavailable, did not fit, failed) gets no empty column:
+    # the report says why in a note
+    results = [
+        r for r in doc.get("results") or []
+        if any(j.get("throughput_together") is not None for j in r.get("jobs") or [])
+    ]  # fmt: skip
     if not results:
         return []
     labels = [_setting_label(r) for r in results]
