@@ -311,3 +311,18 @@ def test_the_live_view_follows_a_running_run_in_a_browser(serve, store, browser)
     finally:
         steps.close()
         w.finish()
+
+
+def test_a_damaged_record_is_named_on_the_runs_page_and_on_its_own(serve, store):
+    """A half-written run.json: the runs page lists the readable runs and names the damaged one
+    with its fix (as `gpulens runs list` does); its own page says what is wrong, not 'no such
+    run'."""
+    bad = store / "runs" / "20261128-100000-aaaaaa"
+    bad.mkdir()
+    (bad / "run.json").write_text('{"run_id": "20261128-100000-aaaaaa", "sta')
+    url = serve()
+    status, page = get(url)
+    assert status == 200 and page.count("<tr class='run'>") == 4
+    assert "1 damaged, not listed" in page and "20261128-100000-aaaaaa" in page
+    status, page = get(url.rstrip("/") + "/run/20261128-100000-aaaaaa")
+    assert status == 422 and "is damaged" in page and "Fix:" in page

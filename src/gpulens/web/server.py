@@ -71,11 +71,16 @@ class Dashboard:
         records, _damaged = scan_records(self.runs_root)
         return {r.run_id: r for r in records}
 
+    def damaged(self) -> dict[str, str]:
+        """The records whose run.json cannot be read: run id -> what is wrong and the fix."""
+        return {d.run_id: d.message() for d in scan_records(self.runs_root)[1]}
+
     def runs_page(self, query: dict[str, str]) -> str:
+        records, damaged_records = scan_records(self.runs_root)
         rows = [
             {**run_facts(r), "date": str(r.meta.get("created_at") or "")[:10],
              "role": r.meta.get("role")}
-            for r in self.records().values()
+            for r in records
         ][::-1]  # newest first  # fmt: skip
         options = {k: sorted({str(r.get(k)) for r in rows if r.get(k)}) for k in FILTERS}
         for key in FILTERS:
@@ -117,6 +122,10 @@ class Dashboard:
             "<button>compare the runs ticked</button></form>"
         )
         store = f"<p><a href='{self.link('/store')}'>runs in the MLflow store</a></p>"
+        if damaged_records:  # as `gpulens runs list` does: named, never dropped silently
+            items = "".join(f"<li>{html.escape(d.message())}</li>" for d in damaged_records)
+            n = len(damaged_records)
+            compare += f"<p class='note'>{n} damaged, not listed:</p><ul>{items}</ul>"
         body = f"<h1>gpulens runs ({len(rows)})</h1>{store}{form}{compare}"
         return _page("gpulens runs", body)
 
@@ -215,8 +224,13 @@ def _handler(dashboard: Dashboard) -> type[BaseHTTPRequestHandler]:
                         ids = [i for v in parse_qs(url.query).get("runs", []) for i in v.split(",")]
                     else:
                         ids = [url.path.removeprefix("/run/")]
-                    page = dashboard.report_page([i.strip() for i in ids if i.strip()])
+                    ids = [i.strip() for i in ids if i.strip()]
+                    page = dashboard.report_page(ids)
                     if page is None:
+                        damaged = dashboard.damaged()
+                        bad = [damaged[i] for i in ids if i in damaged]
+                        if bad:
+                            return self._error(HTTPStatus.UNPROCESSABLE_ENTITY, bad[0])
                         return self._error(HTTPStatus.NOT_FOUND, "no such run in this store")
                     return self._send(200, page.encode())
             except Exception as exc:  # one bad record must not take the dashboard down
