@@ -14,6 +14,7 @@ import pyarrow as pa
 import pytest
 
 from gpulens.errors import MissingExtraError, UsageError
+from gpulens.record import schema as record_schema
 from gpulens.record.reader import read_record
 from gpulens.record.writer import RunWriter
 from gpulens.store import mlflow_payload, mlflow_sink, queries
@@ -215,6 +216,14 @@ def test_load_series(store_home):
     killed = queries.load_series(IDS["killed"], "gpu")  # from the unfinished Arrow stream
     assert list(killed["gpu_util_pct"]) == [99.0]
     assert queries.load_series(IDS["cmd"], "steps").empty  # never written
+    # a series never written has its documented columns all the same (it had none, so
+    # `df["warmup"]` failed on a CPU run's GPU series or a failed command's steps)
+    for name, column in (("steps", "warmup"), ("gpu", "gpu_util_pct"), ("host", "cpu_util_pct")):
+        empty = queries.load_series(IDS["cmd"], name)
+        assert column in empty and "time_unix_s" in empty and empty.empty
+    assert (
+        list(queries.load_series(IDS["cmd"], "steps").columns) == record_schema.STEPS_SCHEMA.names
+    )
     with pytest.raises(UsageError, match="no series 'nope'"):
         queries.load_series(IDS["a"], "nope")
 

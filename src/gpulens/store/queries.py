@@ -301,7 +301,21 @@ def load_series(run_id: str, series: str = "gpu", home: Path | str | None = None
             f"run {record.run_id} has no series '{series}': "
             f"choose one of {', '.join(available) or '(none recorded)'}"
         )
-    return record.series(series)
+    df = record.series(series)
+    if df.columns.empty and series in KNOWN_SERIES:  # never written: its columns all the same
+        return _empty_series(series).to_pandas()
+    return df
+
+
+def _empty_series(series: str) -> pa.Table:
+    """A known series with no rows, in its documented columns."""
+    if series == "gpu":
+        from gpulens.probes.nvml.probe import GPU_SAMPLE_SCHEMA as arrow_schema
+    elif series == "host":
+        from gpulens.probes.host import HOST_SCHEMA as arrow_schema
+    else:
+        arrow_schema = schema.STEPS_SCHEMA
+    return arrow_schema.empty_table()
 
 
 def series_info(record: RunRecord) -> list[dict[str, Any]]:
