@@ -340,3 +340,14 @@ def test_a_colocate_run_draws_the_mechanisms_measured_and_says_why_the_others_ar
     assert [str(x) for x in heat.data[0].x] == [_lab(r) for r in doc["results"][:5]]
     assert all(None not in list(t.y) for t in combined.data)
     assert "mig existing instances: unavailable: MIG needs an NVIDIA GPU" in section.notes
+
+
+def test_a_run_killed_before_its_summary_says_why_its_table_is_empty(tmp_path):
+    """Ctrl-C before the summary: every fact is n/a while the timeline shows the steps taken;
+    the section says why."""
+    meta = json.loads((JPEG / "run.json").read_text())
+    meta.update(status="killed", summary={}, error="interrupted (Ctrl-C)")
+    shutil.copytree(JPEG, tmp_path / "run")
+    section = document.run_section(RunRecord(tmp_path / "run", meta))
+    assert section.figures and ("throughput samples/s", "n/a") in section.facts
+    assert section.notes[0].startswith("this run ended (killed) before it had a summary")

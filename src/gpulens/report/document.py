@@ -119,6 +119,10 @@ def run_section(record: RunRecord) -> Section:
     prep_fig = figures.prep_figure(prep if not prep.empty else None, "loader stages per worker")
     if prep_fig is not None:
         section.figures.append(prep_fig)
+    if not record.meta.get("summary") and record.status != "running":
+        shown = ": the figures show what it recorded" if section.figures else ""
+        section.notes.append(f"this run ended ({record.status}) before it had a summary, so "
+                             f"the table above is empty{shown}")  # fmt: skip
     for kind, why in (record.meta.get("unsupported") or {}).items():
         section.notes.append(f"{kind} not measured: {why}")
     return section
