@@ -162,3 +162,12 @@ def test_compare_and_export_name_the_damaged_file(capsys, runs, tmp_path):
     assert not (tmp_path / "e").exists()  # nothing half-written
     code, out, err = run_cli(capsys, "runs", "show", "latest", "--json")
     assert code == 0  # 'latest' is the newest readable record
+
+
+def test_a_truncated_string_is_named_without_a_doubled_word(tmp_path):
+    run = tmp_path / "20240401-000020-abcdef"
+    run.mkdir()
+    (run / "run.json").write_text('{"run_id": "20240401-000020-abcdef", "sta')
+    found = inspect_record(run)
+    assert isinstance(found, DamagedRecord) and "is truncated" in found.problem
+    assert " at at " not in found.problem

@@ -202,7 +202,8 @@ def _problem(path: Path) -> tuple[dict[str, Any] | None, str]:
         where = f"line {exc.lineno} column {exc.colno}"
         text = raw.decode("utf-8").strip()
         if exc.pos >= len(text) or (text[:1] in "{[" and text[-1:] not in "}]"):
-            return None, f"is truncated (the JSON ends early: {exc.msg} at {where})"
+            msg = exc.msg.removesuffix(" at")  # "Unterminated string starting at"
+            return None, f"is truncated (the JSON ends early: {msg} at {where})"
         return None, f"is not valid JSON ({exc.msg} at {where})"
     if not isinstance(meta, dict):
         return None, f"holds a JSON {type(meta).__name__}, not an object"
