@@ -351,3 +351,14 @@ def test_a_run_killed_before_its_summary_says_why_its_table_is_empty(tmp_path):
     section = document.run_section(RunRecord(tmp_path / "run", meta))
     assert section.figures and ("throughput samples/s", "n/a") in section.facts
     assert section.notes[0].startswith("this run ended (killed) before it had a summary")
+
+
+def test_a_running_run_says_its_table_fills_in_when_it_ends(tmp_path):
+    meta = json.loads((JPEG / "run.json").read_text())
+    meta.update(status="running", summary={})
+    shutil.copytree(JPEG, tmp_path / "run")
+    section = document.run_section(RunRecord(tmp_path / "run", meta))
+    assert section.notes[0] == (
+        "this run is still running: the table above fills in when it ends: the figures show "
+        "what it has recorded so far"
+    )

@@ -119,10 +119,15 @@ def run_section(record: RunRecord) -> Section:
     prep_fig = figures.prep_figure(prep if not prep.empty else None, "loader stages per worker")
     if prep_fig is not None:
         section.figures.append(prep_fig)
-    if not record.meta.get("summary") and record.status != "running":
+    if not record.meta.get("summary"):
         shown = ": the figures show what it recorded" if section.figures else ""
-        section.notes.append(f"this run ended ({record.status}) before it had a summary, so "
-                             f"the table above is empty{shown}")  # fmt: skip
+        if record.status == "running":
+            so_far = shown.replace("recorded", "has recorded so far")
+            section.notes.append("this run is still running: the table above fills in when it "
+                                 f"ends{so_far}")  # fmt: skip
+        else:
+            section.notes.append(f"this run ended ({record.status}) before it had a summary, so "
+                                 f"the table above is empty{shown}")  # fmt: skip
     for kind, why in (record.meta.get("unsupported") or {}).items():
         section.notes.append(f"{kind} not measured: {why}")
     return section
