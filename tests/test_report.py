@@ -362,3 +362,22 @@ def test_a_running_run_says_its_table_fills_in_when_it_ends(tmp_path):
         "this run is still running: the table above fills in when it ends: the figures show "
         "what it has recorded so far"
     )
+
+
+def test_a_run_on_two_gpus_draws_each_gpu_on_one_time_axis(tmp_path):
+    """A 2-GPU run: the report drew GPU 0 only, and said nothing of GPU 1."""
+    gpu = read_record(JPEG).series("gpu")
+    other = gpu.assign(gpu_index=1, gpu_util_pct=gpu["gpu_util_pct"] / 2)
+    run = tmp_path / "run"
+    shutil.copytree(JPEG, run)
+    pd = pytest.importorskip("pandas")
+    pd.concat([gpu, other]).to_parquet(run / "series" / "gpu.parquet")
+    section = document.run_section(read_record(run))
+    first, second = section.figures[:2]
+    assert first.layout.title.text == "GPU 0 and steps over time" and _traces(first, "bar")
+    assert second.layout.title.text == "GPU 1 over time" and not _traces(second, "bar")
+    util = [
+        next(t for t in f.data if t.name.startswith("GPU utilization")) for f in (first, second)
+    ]
+    assert list(util[1].y) == list(gpu["gpu_util_pct"] / 2)
+    assert list(util[0].x) == list(util[1].x)  # one time origin for both

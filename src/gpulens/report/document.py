@@ -110,10 +110,21 @@ def run_section(record: RunRecord) -> Section:
     """One run: its summary facts, timeline and (with prep timing) its loader stages."""
     section = Section(_title(record), facts=_facts(record))
     gpu, steps = _series(record, "gpu"), _series(record, "steps")
-    timeline = figures.timeline_figure(gpu, steps, "GPU and steps over time")
-    if timeline is not None:
-        section.figures.append(timeline)
-    else:
+    indices = sorted({int(i) for i in gpu["gpu_index"].dropna()}) if (
+        gpu is not None and "gpu_index" in gpu) else []  # fmt: skip
+    if len(indices) < 2:
+        timeline = figures.timeline_figure(gpu, steps, "GPU and steps over time")
+        section.figures += [timeline] if timeline is not None else []
+    else:  # every GPU of the run, on one time axis; the steps beneath the first
+        starts = [gpu["time_unix_s"].min()]
+        if steps is not None and "step_time_s" in steps:
+            starts.append((steps["time_unix_s"] - steps["step_time_s"]).min())
+        t0 = float(min(starts))
+        for n, index in enumerate(indices):
+            title = f"GPU {index} and steps over time" if n == 0 else f"GPU {index} over time"
+            fig = figures.timeline_figure(gpu, steps if n == 0 else None, title, index, t0)
+            section.figures += [fig] if fig is not None else []
+    if not section.figures:
         section.notes.append("no GPU or step series in this record")
     prep = read_prep(record.dir)
     prep_fig = figures.prep_figure(prep if not prep.empty else None, "loader stages per worker")

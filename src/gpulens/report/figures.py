@@ -86,10 +86,15 @@ def step_phases(steps: pd.DataFrame, t0_unix_s: float) -> pd.DataFrame:
 
 
 def timeline_figure(
-    gpu: pd.DataFrame | None, steps: pd.DataFrame | None, title: str, gpu_index: int | None = None
+    gpu: pd.DataFrame | None,
+    steps: pd.DataFrame | None,
+    title: str,
+    gpu_index: int | None = None,
+    t0_unix_s: float | None = None,
 ) -> go.Figure | None:
     """GPU activity, memory, power and SM clock over time, with each step's phases (data wait,
-    copy, compute) in a row beneath on the same time axis."""
+    copy, compute) in a row beneath on the same time axis. ``t0_unix_s``: the time origin
+    (default: the first sample or step drawn), so that one run's figures share one axis."""
     if gpu is not None and not gpu.empty and gpu_index is None and "gpu_index" in gpu:
         gpu_index = int(gpu["gpu_index"].iloc[0])
     if gpu is not None and gpu_index is not None and "gpu_index" in gpu:
@@ -104,7 +109,7 @@ def timeline_figure(
         starts.append(float(gpu["time_unix_s"].min()))
     if has_steps:
         starts.append(float((steps["time_unix_s"] - steps["step_time_s"]).min()))
-    t0 = min(starts)
+    t0 = min(starts) if t0_unix_s is None else t0_unix_s
     rows = (["activity %", "memory GiB", "power W", "SM clock MHz"] if has_gpu else []) + (
         ["step ms"] if has_steps else []
     )
