@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 pytest.importorskip("plotly", reason="the report needs the [ui] extra (in [dev])")
@@ -370,7 +371,6 @@ def test_a_run_on_two_gpus_draws_each_gpu_on_one_time_axis(tmp_path):
     other = gpu.assign(gpu_index=1, gpu_util_pct=gpu["gpu_util_pct"] / 2)
     run = tmp_path / "run"
     shutil.copytree(JPEG, run)
-    pd = pytest.importorskip("pandas")
     pd.concat([gpu, other]).to_parquet(run / "series" / "gpu.parquet")
     section = document.run_section(read_record(run))
     first, second = section.figures[:2]
@@ -381,3 +381,18 @@ def test_a_run_on_two_gpus_draws_each_gpu_on_one_time_axis(tmp_path):
     ]
     assert list(util[1].y) == list(gpu["gpu_util_pct"] / 2)
     assert list(util[0].x) == list(util[1].x)  # one time origin for both
+
+
+def test_the_step_row_of_a_run_of_two_ranks_draws_one_rank(tmp_path):
+    """torchrun with 2 ranks: both ranks' steps were drawn as one row of overlapping bars (and
+    an hour's bins could straddle the ranks)."""
+    steps = read_record(JPEG).series("steps")
+    both = pd.concat([steps.assign(rank=0), steps.assign(rank=1, compute_s=steps["compute_s"] * 2)])
+    run = tmp_path / "run"
+    shutil.copytree(JPEG, run)
+    both.to_parquet(run / "series" / "steps.parquet")
+    section = document.run_section(read_record(run))
+    compute = next(t for t in section.figures[0].data if t.name == "compute")
+    measured = steps[~steps["warmup"]]
+    assert list(compute.y) == pytest.approx(list(1000 * measured["compute_s"]))
+    assert "rank 0's steps, of 2 ranks" in " ".join(section.notes)

@@ -110,6 +110,12 @@ def run_section(record: RunRecord) -> Section:
     """One run: its summary facts, timeline and (with prep timing) its loader stages."""
     section = Section(_title(record), facts=_facts(record))
     gpu, steps = _series(record, "gpu"), _series(record, "steps")
+    ranks = sorted({int(r) for r in steps["rank"].dropna()}) if (
+        steps is not None and "rank" in steps) else []  # fmt: skip
+    if len(ranks) > 1:  # the ranks' bars would overlap on one time axis: the first rank's
+        steps = steps[steps["rank"] == ranks[0]]
+        section.notes.append(f"the step row shows rank {ranks[0]}'s steps, of {len(ranks)} ranks "
+                             "(load_series(run, 'steps') has every rank's)")  # fmt: skip
     indices = sorted({int(i) for i in gpu["gpu_index"].dropna()}) if (
         gpu is not None and "gpu_index" in gpu) else []  # fmt: skip
     if len(indices) < 2:
