@@ -120,6 +120,10 @@ def test_compare():
     assert result.exit_code == 0 and "-25.0%" in result.stdout
     result = runner.invoke(runs_app, ["compare", FAST])
     assert isinstance(result.exception, UsageError)
+    assert "different kinds" not in runner.invoke(runs_app, ["compare", FAST, SLOW]).stderr
+    result = runner.invoke(runs_app, ["compare", FAST, DEAD])  # a train run and a command
+    assert result.exit_code == 0
+    assert "runs of different kinds (train, command)" in " ".join(result.stderr.split())
 
 
 def test_export(tmp_path):

@@ -376,6 +376,8 @@ def compare(
     records = [find_run(r) for r in runs]
     df = compare_runs(records)
     run_cols = [c for c in df.columns if c != REL_DIFF_COLUMN]
+    if len(kinds := {str(r.meta.get("kind")): 0 for r in records}) > 1:  # train vs colocate
+        common.warn("note: ", f"runs of different kinds ({', '.join(kinds)}): shared fields only")
     if json_out:
         rows = []
         for field, row in df.iterrows():
