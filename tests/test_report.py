@@ -396,3 +396,11 @@ def test_the_step_row_of_a_run_of_two_ranks_draws_one_rank(tmp_path):
     measured = steps[~steps["warmup"]]
     assert list(compute.y) == pytest.approx(list(1000 * measured["compute_s"]))
     assert "rank 0's steps, of 2 ranks" in " ".join(section.notes)
+
+
+def test_a_wrapped_torchrun_command_counts_its_ranks_as_processes():
+    """`gpulens run -- torchrun --nproc_per_node 2 ...` said 'n/a x 1' processes."""
+    summary = {"ranks": [{"rank": 0}, {"rank": 1}], "throughput_samples_per_s": 1.0}
+    record = RunRecord(Path("."), {"run_id": "x", "kind": "command", "status": "finished",
+                                   "summary": summary})  # fmt: skip
+    assert ("batch size x processes", "n/a x 2") in document.run_section(record).facts

@@ -71,10 +71,12 @@ def _facts(record: RunRecord) -> list[tuple[str, str]]:
     phases = s.get("phases_s") or {}
     tput = s.get("throughput_samples_per_s")
     ci = s.get("throughput_ci95_pct")
+    # a wrapped torchrun command keeps its ranks' summaries under "ranks", no "processes"
+    processes = s.get("processes") or len(s.get("ranks") or []) or 1
     facts = [
         ("workload", str(workload_label(record.meta) or record.meta.get("name") or "n/a")),
         ("device", str(gpu.get("name") or env.get("gpu_model") or s.get("device") or "n/a")),
-        ("batch size x processes", f"{s.get('batch_size', 'n/a')} x {s.get('processes', 1)}"),
+        ("batch size x processes", f"{s.get('batch_size', 'n/a')} x {processes}"),
         ("precision", str(s.get("precision") or "n/a")),
         ("throughput samples/s", _fmt(tput) + (f" ± {ci:.1f}%" if ci else "")),
         ("step ms", _fmt(phases.get("step"), scale=1000, spec="{:,.2f}")),
