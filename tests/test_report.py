@@ -404,3 +404,12 @@ def test_a_wrapped_torchrun_command_counts_its_ranks_as_processes():
     record = RunRecord(Path("."), {"run_id": "x", "kind": "command", "status": "finished",
                                    "summary": summary})  # fmt: skip
     assert ("batch size x processes", "n/a x 2") in document.run_section(record).facts
+
+
+def test_a_run_named_twice_is_reported_once(tmp_path, capsys):
+    """`gpulens report RUN FOLDER-HOLDING-RUN`: the run was compared with itself."""
+    out = tmp_path / "r.html"
+    first = sorted(STALLS.iterdir())[0]
+    assert main(["report", str(first), str(STALLS), str(first), "-o", str(out), "--json"]) == 0
+    runs = json.loads(capsys.readouterr().out)["runs"]
+    assert runs == [first.name] + [p.name for p in sorted(STALLS.iterdir())[1:]]

@@ -73,7 +73,11 @@ def _records(refs: list[str]):
             records += found
         else:
             records.append(find_run(ref))
-    return records, skipped
+    # a run named twice (its id and the folder holding it) is shown once, where first named
+    unique: dict[Path, object] = {}
+    for r in records:
+        unique.setdefault(r.dir.resolve(), r)
+    return list(unique.values()), skipped
 
 
 def report(
