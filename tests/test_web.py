@@ -90,6 +90,8 @@ def test_run_and_compare_pages_carry_the_reports_figures(serve):
     assert status == 200 and "stall breakdown" in page and "comparison" in page
     status, js = get(url + "static/plotly.js")
     assert status == 200 and "Plotly" in js[:5000]
+    status, page = get(url + f"compare?runs={JPEG_ID},{JPEG_ID}")  # one run, not compared to itself
+    assert status == 200 and "<h2>comparison</h2>" not in page and page.count("<h2>") == 1
 
 
 def test_a_running_run_is_shown_live(serve, store):

@@ -154,6 +154,7 @@ class Dashboard:
         from gpulens.report.html import render_html
 
         known = self.records()
+        run_ids = list(dict.fromkeys(run_ids))  # a run ticked twice is shown once
         if not run_ids or any(rid not in known for rid in run_ids):
             return None
         records = [known[rid] for rid in run_ids]
