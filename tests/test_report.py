@@ -413,3 +413,16 @@ def test_a_run_named_twice_is_reported_once(tmp_path, capsys):
     assert main(["report", str(first), str(STALLS), str(first), "-o", str(out), "--json"]) == 0
     runs = json.loads(capsys.readouterr().out)["runs"]
     assert runs == [first.name] + [p.name for p in sorted(STALLS.iterdir())[1:]]
+
+
+def test_a_damaged_series_file_is_a_note_and_the_rest_is_reported(tmp_path, capsys):
+    """A truncated gpu.parquet in one run of a folder stopped the whole report (exit 1)."""
+    folder = tmp_path / "runs"
+    shutil.copytree(JPEG, folder / "20261122-035651-9e46cf")
+    gpu = folder / "20261122-035651-9e46cf" / "series" / "gpu.parquet"
+    gpu.write_bytes(gpu.read_bytes()[:1000])
+    out = tmp_path / "r.html"
+    assert main(["report", str(folder), "-o", str(out)]) == 0
+    page = out.read_text()
+    assert "gpu series not drawn" in page and "Fix:" in page
+    assert "step time distribution" in page  # the steps still drawn

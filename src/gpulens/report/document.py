@@ -21,6 +21,7 @@ from typing import Any
 
 import pandas as pd
 
+from gpulens.errors import DamagedRecordError
 from gpulens.record.labels import workload_label
 from gpulens.record.reader import RunRecord, read_prep
 from gpulens.report import figures, serving
@@ -101,17 +102,24 @@ def _facts(record: RunRecord) -> list[tuple[str, str]]:
     return facts
 
 
-def _series(record: RunRecord, name: str) -> pd.DataFrame | None:
+def _series(record: RunRecord, name: str, notes: list[str] | None = None) -> pd.DataFrame | None:
+    """The series, or None when absent, empty or damaged (then what is wrong goes to ``notes``:
+    one damaged file must not stop the report of the rest)."""
     if name not in record.series_names():
         return None
-    df = record.series(name)
+    try:
+        df = record.series(name)
+    except DamagedRecordError as exc:
+        if notes is not None:
+            notes.append(f"{name} series not drawn: {exc}")
+        return None
     return df if not df.empty else None
 
 
 def run_section(record: RunRecord) -> Section:
     """One run: its summary facts, timeline and (with prep timing) its loader stages."""
     section = Section(_title(record), facts=_facts(record))
-    gpu, steps = _series(record, "gpu"), _series(record, "steps")
+    gpu, steps = _series(record, "gpu", section.notes), _series(record, "steps", section.notes)
     ranks = sorted({int(r) for r in steps["rank"].dropna()}) if (
         steps is not None and "rank" in steps) else []  # fmt: skip
     if len(ranks) > 1:  # the ranks' bars would overlap on one time axis: the first rank's
@@ -159,7 +167,7 @@ def serving_section(record: RunRecord) -> Section:
     section = Section(_title(record))
     if record.meta.get("kind") == "load":
         section.facts = serving.load_facts(summary)
-        requests = _series(record, "requests")
+        requests = _series(record, "requests", section.notes)
         builders = (
             serving.latency_percentile_figure(summary),
             serving.latency_over_time_figure(requests),
@@ -168,9 +176,10 @@ def serving_section(record: RunRecord) -> Section:
         section.notes += [str(n) for n in summary.get("generator_notes") or []]
     else:
         section.facts = serving.serve_facts(summary, record.meta.get("effective_config") or {})
-        builders = (serving.batch_size_figure(_series(record, "batches")),)
+        builders = (serving.batch_size_figure(_series(record, "batches", section.notes)),)
     section.figures = [f for f in builders if f is not None]
-    timeline = figures.timeline_figure(_series(record, "gpu"), None, "GPU while serving")
+    gpu = _series(record, "gpu", section.notes)
+    timeline = figures.timeline_figure(gpu, None, "GPU while serving")
     if timeline is not None:
         section.figures.append(timeline)
     if not summary:
