@@ -168,3 +168,39 @@ def test_no_signal_handler_sets_an_event_itself():
         if direct.search(line)
     ]
     assert not found, found
+
+
+@pytest.mark.slow
+def test_sigterm_ends_the_run_killed_and_exits_143(tmp_path):
+    """Slurm, Kubernetes and `kill` stop a job with SIGTERM: it ended gpulens on the spot and
+    left the record `running` with no end; now it takes Ctrl-C's path and says which it was."""
+    import json
+
+    env = {**os.environ, "GPULENS_HOME": str(tmp_path), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpulens.cli", "run", "tiny_cnn", "--device", "cpu",
+         "--steps", "100000", "--warmup-steps", "1", "--no-store"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    for line in proc.stderr:  # the progress lines: the run is measuring
+        if "steps" in line and "/" in line:
+            break
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143 and "stopped by SIGTERM" in err, err
+    (meta,) = [json.loads(p.read_text()) for p in (tmp_path / "runs").glob("*/run.json")]
+    assert meta["status"] == "killed" and meta["ended_at"] and meta["error"] == "stopped by SIGTERM"
+
+
+def test_an_ignored_or_someone_elses_sigterm_handler_is_left_alone(installed):
+    assert signal.getsignal(signal.SIGTERM) is interrupts._on_sigint
+    interrupts.uninstall()
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    old = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        interrupts.install()
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+    finally:
+        interrupts.uninstall()
+        signal.signal(signal.SIGTERM, old)
+    interrupts.install()  # the fixture uninstalls

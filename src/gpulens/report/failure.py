@@ -34,7 +34,6 @@ CLICK_EXCEPTION, CLICK_USAGE_ERROR, NO_ARGS_IS_HELP = _click_exceptions()
 EXIT = typer.Exit
 ABORT = typer.Abort
 
-INTERRUPTED = "interrupted (Ctrl-C)"
 
 
 @dataclass
@@ -75,7 +74,9 @@ def classify(exc: BaseException, command_path: str = "gpulens") -> Failure:
         message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
         return Failure(getattr(exc, "exit_code", 1), str(message), type(exc).__name__)
     if isinstance(exc, (KeyboardInterrupt, ABORT)):
-        return Failure(130, INTERRUPTED, "KeyboardInterrupt")
+        from gpulens.run import interrupts  # a SIGTERM takes Ctrl-C's path: say which it was
+
+        return Failure(interrupts.exit_code(), interrupts.stop_reason(), "KeyboardInterrupt")
     if isinstance(exc, EXIT):
         return Failure(int(getattr(exc, "exit_code", 1)), "", type(exc).__name__)
     return Failure(

@@ -7,7 +7,11 @@ here, 2 of 40 SIGINTs during ``import torch`` were lost and 1 aborted with SIGAB
 therefore notes every SIGINT it receives, holds it inside such regions (:func:`held`), and its
 loops re-raise a noted interrupt that something swallowed (:func:`raise_if_interrupted`).
 
-Only the CLI installs the handler (:func:`install`); a library user keeps Python's own.
+SIGTERM (what Slurm, Kubernetes and `kill` send to stop a job) takes the same path where it
+would otherwise end the process on the spot: the run's record ends ``killed`` instead of being
+left ``running`` with no end, and the CLI exits 143.
+
+Only the CLI installs the handlers (:func:`install`); a library user keeps Python's own.
 """
 
 from __future__ import annotations
@@ -18,11 +22,12 @@ import threading
 from collections.abc import Iterator
 from types import FrameType
 
-_state = {"pending": False, "held": 0, "installed": False}
+_state = {"pending": False, "held": 0, "installed": False, "signal": None}
 
 
 def _on_sigint(signum: int, frame: FrameType | None) -> None:
     _state["pending"] = True
+    _state["signal"] = _state["signal"] or signum  # the first one says what stopped the run
     if not _state["held"]:
         raise KeyboardInterrupt
 
@@ -36,15 +41,29 @@ def install() -> bool:
     if current is not signal.default_int_handler and current is not _on_sigint:
         return False
     signal.signal(signal.SIGINT, _on_sigint)
-    _state.update(pending=False, held=0, installed=True)
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:  # ignored or someone's own: left
+        signal.signal(signal.SIGTERM, _on_sigint)
+    _state.update(pending=False, held=0, installed=True, signal=None)
     return True
 
 
 def uninstall() -> None:
-    """Python's default handler again (tests, and a CLI run inside another program)."""
+    """Python's default handlers again (tests, and a CLI run inside another program)."""
     if _state["installed"] and signal.getsignal(signal.SIGINT) is _on_sigint:
         signal.signal(signal.SIGINT, signal.default_int_handler)
-    _state.update(pending=False, held=0, installed=False)
+    if _state["installed"] and signal.getsignal(signal.SIGTERM) is _on_sigint:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _state.update(pending=False, held=0, installed=False, signal=None)
+
+
+def stop_reason() -> str:
+    """What stopped the run, in the record's and the CLI's words."""
+    return "stopped by SIGTERM" if _state["signal"] == signal.SIGTERM else "interrupted (Ctrl-C)"
+
+
+def exit_code() -> int:
+    """The shell's code for the signal that stopped the run: 143 for SIGTERM, else 130."""
+    return 128 + signal.SIGTERM if _state["signal"] == signal.SIGTERM else 130
 
 
 def pending() -> bool:

@@ -37,6 +37,7 @@ from gpulens.errors import GpulensError, RuntimeFailure, UsageError
 from gpulens.probes.monitor import Monitor
 from gpulens.record import schema
 from gpulens.record.writer import RunWriter
+from gpulens.run import interrupts
 from gpulens.run.result import RunResult
 
 log = logging.getLogger(__name__)
@@ -148,7 +149,7 @@ def measured_run(
             writer.update(environment=capture(gpus))
         yield session
     except KeyboardInterrupt as exc:
-        writer.finish(schema.STATUS_KILLED, error="interrupted (Ctrl-C)")
+        writer.finish(schema.STATUS_KILLED, error=interrupts.stop_reason())
         _tag(exc, writer.dir)
         raise
     except BaseException as exc:
