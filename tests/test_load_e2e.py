@@ -328,6 +328,24 @@ def test_cli_json_contract_and_record(capsys, gpulens_home):
             ],
             "not both",
         ),
+        # no length of time, no price, no count of trials or requests: refused before the
+        # record opens (inf and nan once reached the record's JSON: an internal error and a
+        # run folder without run.json); --trial-s names itself, not --duration
+        *(
+            (["--url", "http://127.0.0.1:1", "--tenant", "m:rate=5:slo_ms=9", *extra], says)
+            for extra, says in (
+                (["--duration", "inf"], "--duration must be positive"),
+                (["--warmup", "nan"], "--warmup must be 0 or more"),
+                (["--warmup", "inf"], "--warmup must be 0 or more"),
+                (["--timeout-s", "inf"], "--timeout-s must be positive"),
+                (["--price-per-hour", "inf"], "--price-per-hour must be a positive"),
+                (["--sweep", "m:rates=5", "--trial-s", "0"], "--trial-s must be positive"),
+                (["--sweep", "m:rates=5", "--trial-s", "inf"], "--trial-s must be positive"),
+                (["--find-max", "m", "--max-trials", "0"], "--max-trials must be 1 or more"),
+                (["--scenario", "offline", "--offline-requests", "0"], "--offline-requests"),
+                (["--scenario", "offline", "--offline-requests", "-3"], "--offline-requests"),
+            )
+        ),
     ],
 )
 def test_usage_errors_exit_2_with_one_line(capsys, gpulens_home, args, fragment):

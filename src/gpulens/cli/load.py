@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 from dataclasses import replace
 from typing import Any
@@ -369,6 +370,10 @@ def load(
 ) -> None:
     if find_max is not None and sweep is not None:
         raise UsageError("give --find-max or --sweep, not both")
+    if trial_s is not None and not (trial_s > 0 and math.isfinite(trial_s)):
+        raise UsageError(f"--trial-s must be positive seconds, got {trial_s}")
+    if max_trials < 1:
+        raise UsageError(f"--max-trials must be 1 or more, got {max_trials}")
     price_source = None
     if instance is not None:
         if price_per_hour is not None:

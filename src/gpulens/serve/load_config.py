@@ -137,11 +137,12 @@ class LoadConfig:
         names = [t.model for t in self.tenants]
         if len(set(names)) != len(names):
             raise UsageError("each --tenant model may appear once; merge the rates into one")
-        if not self.duration_s > 0:
+        # inf and nan are no lengths of time (nan passes every comparison's negation)
+        if not (self.duration_s > 0 and math.isfinite(self.duration_s)):
             raise UsageError(f"--duration must be positive seconds, got {self.duration_s}")
-        if self.warmup_s < 0:
+        if not (self.warmup_s >= 0 and math.isfinite(self.warmup_s)):
             raise UsageError(f"--warmup must be 0 or more seconds, got {self.warmup_s}")
-        if not self.timeout_s > 0:
+        if not (self.timeout_s > 0 and math.isfinite(self.timeout_s)):
             raise UsageError(f"--timeout-s must be positive seconds, got {self.timeout_s}")
         if self.scenario is not None and self.scenario not in SCENARIOS:
             raise UsageError(f"--scenario {self.scenario!r}: use one of {', '.join(SCENARIOS)}")
@@ -151,7 +152,8 @@ class LoadConfig:
             raise UsageError(
                 "--scenario server needs an SLO per tenant, e.g. MODEL:rate=50:slo_ms=50"
             )
-        if self.price_per_hour_usd is not None and not self.price_per_hour_usd > 0:
+        price = self.price_per_hour_usd
+        if price is not None and not (price > 0 and math.isfinite(price)):
             raise UsageError("--price-per-hour must be a positive USD amount per hour")
         if self.prompt_tokens < 1 or self.max_tokens < 1:
             raise UsageError("--prompt-tokens and --max-tokens must be 1 or more")
@@ -161,6 +163,11 @@ class LoadConfig:
             raise UsageError("--client raw speaks plain http:// only: use --client aiohttp")
         if self.max_connections < 1:
             raise UsageError("--max-connections must be 1 or more")
+        if self.offline_requests is not None and self.offline_requests < 1:
+            raise UsageError(
+                f"--offline-requests must be 1 or more, got {self.offline_requests} (leave it "
+                "out for rate x duration)"
+            )
         closed = self.concurrency is not None or self.scenario == "single-stream"
         offline_n = self.scenario == "offline" and self.offline_requests
         for t in self.tenants:
