@@ -344,6 +344,12 @@ def test_cli_json_contract_and_record(capsys, gpulens_home):
                 (["--find-max", "m", "--max-trials", "0"], "--max-trials must be 1 or more"),
                 (["--scenario", "offline", "--offline-requests", "0"], "--offline-requests"),
                 (["--scenario", "offline", "--offline-requests", "-3"], "--offline-requests"),
+                # a schedule no generator sends, drawn up front, once took 21 GB (OOM-killed)
+                (["--tenant", "n:rate=1e9"], "lower the rate or --duration"),
+                (
+                    ["--scenario", "offline", "--offline-requests", "1000000000000"],
+                    "lower the rate",
+                ),
             )
         ),
     ],

@@ -22,6 +22,9 @@ TENANT_FORMAT = "MODEL:rate=R[:slo_ms=S][:arrival=poisson|constant][:batch=B]"
 TENANT_KEYS = ("rate", "slo_ms", "arrival", "batch")
 KEY_ALIASES = {"arrivals": "arrival"}  # colocate's spelling
 TENANT_EXAMPLE = "e.g. resnet50:rate=100:slo_ms=50 (or resnet50:rate=100,slo_ms=50)"
+# Requests one run schedules up front (a few hundred bytes each while it runs): far beyond what
+# one generator process sends (thousands per second), and rate=1e9 no longer exhausts memory
+MAX_SCHEDULED_REQUESTS = 2_000_000
 
 
 def _number(text: str, key: str, spec: str) -> float:
@@ -176,6 +179,13 @@ class LoadConfig:
                     f"--tenant {t.model}: give a rate, e.g. {t.model}:rate=50 (or a closed "
                     "loop: --concurrency N)"
                 )
+        planned = self.scheduled_requests()
+        if planned > MAX_SCHEDULED_REQUESTS:
+            raise UsageError(
+                f"the rates x (--warmup + --duration) schedule {planned:,.0f} requests, more "
+                f"than the {MAX_SCHEDULED_REQUESTS:,} one run holds (one generator process "
+                "sends a few thousand per second); lower the rate or --duration"
+            )
         object.__setattr__(self, "input_files", tuple(tuple(f) for f in self.input_files))
         for model, _path in self.input_files:
             self.tenant(model)  # a usage error naming the tenants when it is none of them
@@ -184,6 +194,16 @@ class LoadConfig:
                 raise UsageError("--concurrency must be 1 or more requests outstanding")
             if self.scenario is not None:
                 raise UsageError("--concurrency is a closed loop of its own: drop --scenario")
+
+    def scheduled_requests(self) -> float:
+        """How many requests the run schedules up front (0 for a closed loop, which sends
+        each when one returns)."""
+        if self.scenario == "offline":
+            rate = self.tenants[0].rate_rps or 0.0
+            return float(self.offline_requests or rate * self.duration_s)
+        if self.concurrency is not None or self.scenario == "single-stream":
+            return 0.0
+        return sum((t.rate_rps or 0.0) * (self.warmup_s + self.duration_s) for t in self.tenants)
 
     def tenant(self, model: str) -> TenantSpec:
         for t in self.tenants:
