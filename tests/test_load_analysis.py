@@ -114,6 +114,49 @@ def test_load_config_checks():
         LoadConfig(url="http://x", tenants=t, concurrency=2, scenario="offline")
 
 
+def test_a_generator_behind_schedule_still_lets_the_loop_read_responses():
+    """Each send costs more than the gap to the next arrival, so the generator is always
+    behind: it must still yield to the event loop between bursts (where responses are read
+    and their completion times taken), not only once the whole schedule has left."""
+    import asyncio
+    import time
+    from types import SimpleNamespace
+
+    from gpulens.serve.loadgen import _Driver
+
+    config = LoadConfig(url="http://x", tenants=(TenantSpec("m", 1000.0),))
+    driver = _Driver(config, None, SimpleNamespace(ClientTimeout=lambda total: None), [b""])
+
+    def slow_start(i: int) -> None:  # 40 us per send, arrivals 10 us apart
+        end = time.perf_counter() + 4e-5
+        while time.perf_counter() < end:
+            pass
+        driver.started = i + 1
+
+    driver._start = slow_start
+    n = 2000
+    times, owners = np.arange(n) * 1e-5, np.zeros(n, dtype=np.int32)
+
+    async def main() -> int:
+        turns = 0
+
+        async def other_work() -> None:  # stands for the responses waiting to be read
+            nonlocal turns
+            while True:
+                turns += 1
+                await asyncio.sleep(0)
+
+        task = asyncio.get_running_loop().create_task(other_work())
+        await asyncio.sleep(0)
+        before = turns
+        await driver.open_loop(times, owners)
+        task.cancel()
+        return turns - before
+
+    assert asyncio.run(main()) >= 3
+    assert driver.started == n
+
+
 # ------------------------------------------------------------------------------ report math
 def records(latency_ms, status, warmup_n=0, duration_s=10.0, tenant=None) -> lr.LoadRecords:
     n = len(latency_ms)
