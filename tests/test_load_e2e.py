@@ -88,7 +88,10 @@ def test_server_errors_are_counted_and_miss_the_slo():
     assert t["errors"]["by_kind"].get("http_500", 0) == pytest.approx(t["requests"] / 4, abs=2)
     assert t["slo_attainment"] == pytest.approx(0.75, abs=0.03)
     assert t["achieved_rate_rps"] == pytest.approx(75.0, abs=3)
-    assert doc["generator_limited"]  # achieved < 98% of scheduled is said, with its errors
+    # achieved < 98% of scheduled is said, with its errors; yet the generator sent on time,
+    # so it was not the limit (a server's 500s once set generator_limited)
+    assert "achieved" in doc["generator_notes"][-1]
+    assert doc["generator_limited"] is (doc["loadgen_lateness_ms"]["p99"] > 1.0)
     assert late["tenants"][0]["errors"]["by_kind"] == {"timeout": late["tenants"][0]["requests"]}
     assert refused["tenants"][0]["errors"]["by_kind"] == {
         "connection": refused["tenants"][0]["requests"]

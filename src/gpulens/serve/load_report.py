@@ -147,13 +147,19 @@ def lateness(rec: LoadRecords) -> dict:
     return pct
 
 
+def late_note(late: dict, scenario: str | None = None) -> bool:
+    """Whether the generator's lateness says it, not the server, was the limit (never in the
+    offline scenario, where every request is due at once)."""
+    p99 = late.get("p99")
+    return scenario != "offline" and p99 is not None and p99 > LATENESS_LIMIT_MS
+
+
 def generator_notes(tenants: Sequence[dict], late: dict, scenario: str | None = None) -> list[str]:
     """Why the generator, not the server, may have been the limit (empty when it was not).
     In the offline scenario every request is due at once, so lateness there is only the time
     the sends took, never a fault of the schedule: no note about it."""
     notes = []
-    lateness_counts = scenario != "offline"
-    if lateness_counts and late.get("p99") is not None and late["p99"] > LATENESS_LIMIT_MS:
+    if late_note(late, scenario):
         notes.append(
             f"the load generator sent requests late (lateness p99 {late['p99']:.2f} ms > "
             f"{LATENESS_LIMIT_MS:g} ms): latencies include its delay; lower the rate or use "
@@ -285,7 +291,8 @@ def build_document(
         "tenants": tenants,
         "loadgen_lateness_ms_p99": late["p99"],
         "loadgen_lateness_ms": late,
-        "generator_limited": bool(notes),
+        # the generator was the limit when it sent late; a server's errors are no such sign
+        "generator_limited": late_note(late, scenario),
         "generator_notes": notes,
         "server": server,
         "total_goodput_rps": round(goodput, 4),
