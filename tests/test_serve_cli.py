@@ -35,6 +35,11 @@ def config(**kw) -> ServeConfig:
         ({"max_queue": 0}, "--max-queue must be >= 1"),
         ({"max_body_mb": 0}, "--max-body-mb must be > 0"),
         ({"duration_s": 0}, "--duration must be > 0"),
+        ({"duration_s": float("inf")}, "--duration must be > 0"),
+        ({"max_queue_delay_ms": float("nan")}, "--max-queue-delay-ms must be >= 0"),
+        ({"max_queue_delay_ms": float("inf")}, "--max-queue-delay-ms must be >= 0"),
+        ({"max_body_mb": float("inf")}, "--max-body-mb must be > 0"),
+        ({"sample_hz": float("inf")}, "--sample-hz must be > 0"),
     ],
 )
 def test_config_errors_name_the_option(kw, message):

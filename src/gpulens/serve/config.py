@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import re
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -72,7 +73,7 @@ class ServeConfig:
             raise UsageError(
                 f"--max-batch must be >= 0 (0 or 1: no batching), got {self.max_batch}"
             )
-        if self.max_queue_delay_ms < 0:
+        if not (self.max_queue_delay_ms >= 0 and math.isfinite(self.max_queue_delay_ms)):
             raise UsageError(f"--max-queue-delay-ms must be >= 0, got {self.max_queue_delay_ms:g}")
         if self.instances < 1:
             raise UsageError(f"--instances must be >= 1, got {self.instances}")
@@ -84,11 +85,15 @@ class ServeConfig:
             raise UsageError("--host must not be empty (default 127.0.0.1)")
         if self.max_queue < 1:
             raise UsageError(f"--max-queue must be >= 1, got {self.max_queue}")
-        if not self.max_body_mb > 0:
+        if not (self.max_body_mb > 0 and math.isfinite(self.max_body_mb)):
             raise UsageError(f"--max-body-mb must be > 0, got {self.max_body_mb:g}")
-        if self.duration_s is not None and not self.duration_s > 0:
+        # inf and nan are no lengths of time (they once reached the record's JSON: an internal
+        # error after the models were built); no --duration serves until Ctrl-C
+        if self.duration_s is not None and not (
+            self.duration_s > 0 and math.isfinite(self.duration_s)
+        ):
             raise UsageError(f"--duration must be > 0 seconds, got {self.duration_s:g}")
-        if not self.sample_hz > 0:
+        if not (self.sample_hz > 0 and math.isfinite(self.sample_hz)):
             raise UsageError(f"--sample-hz must be > 0, got {self.sample_hz:g}")
 
     @property
