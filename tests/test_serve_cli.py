@@ -122,6 +122,15 @@ def test_a_taken_port_is_a_usage_error_naming_port(gpulens_home):
     assert proc.returncode == 2 and "pick another --port" in err
 
 
+@pytest.mark.parametrize("host", ["192.0.2.1"])  # TEST-NET-1: never this machine
+def test_an_address_not_of_this_machine_names_host_not_port(host):
+    from gpulens.serve.runner import bind
+
+    with pytest.raises(UsageError, match="--host must be an address") as caught:
+        bind(host, 0)
+    assert "--port" not in str(caught.value)  # it once said: pick another --port
+
+
 def _sigint_default() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 

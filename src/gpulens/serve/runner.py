@@ -9,6 +9,7 @@ while it served, and the summary (requests per model, mean batch size, queue/com
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import signal
@@ -65,9 +66,14 @@ def bind(host: str, port: int) -> socket.socket:
         sock.listen(4096)
     except OSError as exc:
         sock.close()
-        raise UsageError(
-            f"cannot serve on {host}:{port} ({exc.strerror or exc}): pick another --port "
-            "(0: any free port)"
+        if exc.errno in (errno.EADDRINUSE, errno.EACCES):  # the port: taken, or privileged
+            raise UsageError(
+                f"cannot serve on {host}:{port} ({exc.strerror or exc}): pick another --port "
+                "(0: any free port)"
+            ) from None
+        raise UsageError(  # the address is none of this machine's, or no address at all
+            f"cannot serve on {host}:{port} ({exc.strerror or exc}): --host must be an address "
+            "of this machine (127.0.0.1, 0.0.0.0 for every interface, or one of its own)"
         ) from None
     sock.set_inheritable(False)
     return sock
