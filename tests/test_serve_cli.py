@@ -52,6 +52,9 @@ def test_models_and_names():
     assert ModelEntry.parse("bert-base") == ModelEntry("bert-base", "bert-base")
     with pytest.raises(UsageError, match="given twice"):
         ServeConfig(models=(ModelEntry.parse("identity"), ModelEntry.parse("identity")))
+    twice = (ModelEntry.parse("a=identity"), ModelEntry.parse("a=tiny_cnn"))
+    with pytest.raises(UsageError, match="--model a2=tiny_cnn"):  # was a2=a: no model
+        ServeConfig(models=twice)
     with pytest.raises(UsageError, match="at least one --model"):
         ServeConfig(models=())
     with pytest.raises(UsageError, match="NAME=MODEL"):

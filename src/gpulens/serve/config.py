@@ -64,10 +64,11 @@ class ServeConfig:
             raise UsageError("give at least one --model (e.g. --model resnet50)")
         names = [m.name for m in self.models]
         dupes = sorted({n for n in names if names.count(n) > 1})
-        if dupes:
+        if dupes:  # the suggestion names the model the second one runs, not its name
+            second = [m for m in self.models if m.name == dupes[0]][1].workload
             raise UsageError(
                 f"model {dupes[0]!r} is given twice: serve a second copy as NAME=MODEL "
-                f"(--model {dupes[0]}2={dupes[0]})"
+                f"(--model {dupes[0]}2={second})"
             )
         if self.max_batch < 0:
             raise UsageError(
