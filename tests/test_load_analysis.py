@@ -217,6 +217,15 @@ def test_generator_lateness_is_reported_and_flagged():
     assert "achieved" in doc["generator_notes"][0] and doc["generator_limited"] is False
 
 
+def test_a_closed_loop_intends_no_rate_single_stream_included():
+    rec = records([5.0] * 20, [200] * 20)
+    specs = (TenantSpec("m", 20.0, slo_ms=10.0),)  # a rate given, and not used
+    for kw in ({"concurrency": 2}, {"scenario": "single-stream"}):
+        doc = lr.build_document("http://x", specs, rec, None, **kw)
+        assert doc["tenants"][0]["intended_rate_rps"] is None, kw  # single-stream said 20.0
+    assert lr.build_document("http://x", specs, rec, None)["tenants"][0]["intended_rate_rps"] == 20
+
+
 def test_the_offline_scenario_sends_everything_at_once_so_lateness_is_no_warning():
     rec = records([5.0] * 200, [200] * 200)
     rec.scheduled_s[:] = rec.scheduled_s[0]  # every request due at once, sent over 20 ms

@@ -276,9 +276,11 @@ def build_document(
     concurrency: int | None = None,
 ) -> dict:
     """The ``gpulens load --json`` document (keys: DESIGN.md output contracts). With
-    ``concurrency`` (a closed loop) no rate was intended: ``intended_rate_rps`` is None."""
+    ``concurrency`` or the single-stream scenario (closed loops) no rate was intended:
+    ``intended_rate_rps`` is None."""
+    closed = concurrency is not None or scenario == "single-stream"  # no rate is intended
     tenants = [
-        tenant_report(rec, i, t.model, None if concurrency else t.rate_rps, t.slo_ms, t.batch)
+        tenant_report(rec, i, t.model, None if closed else t.rate_rps, t.slo_ms, t.batch)
         for i, t in enumerate(tenant_specs)
     ]
     late = lateness(rec)
