@@ -398,3 +398,28 @@ def test_instance_prices_the_server_as_one_of_its_gpus(capsys, gpulens_home):
         per_gpu / (3600 * goodput) * 1000, rel=1e-3
     )
     assert summary["price_source"]["instance"] == "p5.48xlarge"
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_the_table_never_cuts_a_number_short(monkeypatch, width):
+    """Thousands of requests/s, seconds of latency, tens of thousands of errors: in an
+    80-column terminal the numbers once read '2000…', '11,…' and '289…'."""
+    import io
+
+    from rich.console import Console
+
+    from gpulens.cli import common
+
+    screen = io.StringIO()
+    monkeypatch.setattr(common, "out", Console(file=screen, width=width))
+    tenant = {"model": "mobilenet_v3_small", "intended_rate_rps": 20000.0,
+              "achieved_rate_rps": 2892.5, "slo_ms": 1000.0, "slo_attainment": 0.0123,
+              "latency_ms": {"p50": 11592.1, "p90": 12234.0, "p99": 12797.0, "p999": 12799.0},
+              "goodput_rps": 2892.5, "errors": {"count": 34051, "by_kind": {}}}  # fmt: skip
+    cli_load.render({"url": "http://127.0.0.1:8000", "duration_s": 2.0, "tenants": [tenant],
+                     "server": None, "server_reason": "none", "generator_notes": [],
+                     "loadgen_lateness_ms": {"p50": 1.0, "p99": 2.0}})  # fmt: skip
+    row = next(line for line in screen.getvalue().splitlines() if line.startswith("mobilenet"))
+    assert row.split()[1:] == ["20,000", "2,892", "11,592", "12,234", "12,797", "12,799",
+                               "1,000", "1.2%", "2,892", "34,051"]  # fmt: skip
+    assert max(len(line) for line in screen.getvalue().splitlines()) <= width

@@ -90,11 +90,6 @@ def render(doc: dict) -> None:
         box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False, collapse_padding=True,
         show_edge=False,
     )  # fmt: skip
-    # short headers: the table must stay readable in an 80-column terminal
-    for col in ("tenant", "want/s", "got/s", "p50", "p90", "p99", "p99.9", "SLO", "in SLO",
-                "good/s", "err"):  # fmt: skip
-        table.add_column(col, justify="left" if col == "tenant" else "right", no_wrap=True,
-                         min_width=9 if col == "tenant" else None)  # fmt: skip
 
     def num(v, fmt="{:.1f}"):
         return "-" if v is None else fmt.format(v)
@@ -104,15 +99,34 @@ def render(doc: dict) -> None:
             return "-"
         return f"{v:.2f}" if v < 10 else f"{v:.1f}" if v < 100 else f"{v:,.0f}"
 
+    def rate(v):  # requests/s: a decimal below 100, whole numbers with commas above
+        return num(v, "{:.1f}" if v is None or v < 100 else "{:,.0f}")
+
+    rows = []
     for t in doc["tenants"]:
         lat = t["latency_ms"]
-        table.add_row(
-            t["model"], num(t["intended_rate_rps"]), num(t["achieved_rate_rps"]),
+        rows.append((
+            t["model"], rate(t["intended_rate_rps"]), rate(t["achieved_rate_rps"]),
             ms(lat["p50"]), ms(lat["p90"]), ms(lat["p99"]), ms(lat["p999"]),
-            num(t["slo_ms"], "{:g}"),
+            num(t["slo_ms"], "{:,.0f}" if (t["slo_ms"] or 0) >= 100 else "{:g}"),
             num(t["slo_attainment"] and 100 * t["slo_attainment"], "{:.1f}%"),
-            num(t["goodput_rps"]), str(t["errors"]["count"]),
-        )  # fmt: skip
+            rate(t["goodput_rps"]), f"{t['errors']['count']:,}",
+        ))  # fmt: skip
+    # short headers: the table must stay readable in an 80-column terminal; a number is never
+    # cut short (it once read '2000…' and '12,…'): only a long tenant name gives way
+    heads = ("tenant", "want/s", "got/s", "p50", "p90", "p99", "p99.9", "SLO", "in SLO",
+             "good/s", "err")  # fmt: skip
+    widths = [max([len(col)] + [len(r[k]) for r in rows]) for k, col in enumerate(heads)]
+    numbers = sum(widths[1:])
+    gap = 2 if 9 + numbers + 2 * (len(heads) - 1) <= out.width else 1  # else one space apart
+    if gap == 1:
+        table.padding = (0, 0)
+    widths[0] = min(widths[0], max(9, out.width - numbers - gap * (len(heads) - 1)))
+    for k, col in enumerate(heads):
+        table.add_column(col, justify="left" if k == 0 else "right", no_wrap=True,
+                         min_width=widths[k], max_width=widths[k] if k == 0 else None)  # fmt: skip
+    for row in rows:
+        table.add_row(*row)
     out.print(table)
 
     def say(text: str) -> None:
