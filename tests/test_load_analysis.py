@@ -217,6 +217,17 @@ def test_generator_lateness_is_reported_and_flagged():
     assert "achieved" in doc["generator_notes"][0] and doc["generator_limited"] is False
 
 
+def test_a_window_without_requests_says_so():
+    rec = records([5.0] * 20, [200] * 20)
+    specs = (TenantSpec("m", 20.0, slo_ms=10.0), TenantSpec("idle", 0.05))
+    doc = lr.build_document("http://x", specs, rec, None)  # every request is m's
+    idle = doc["tenants"][1]
+    assert idle["requests"] == 0 and idle["latency_ms"]["p50"] is None
+    assert any(n.startswith("idle: no request was due") for n in doc["generator_notes"])
+    assert not any(n.startswith("m:") for n in doc["generator_notes"])
+    assert doc["generator_limited"] is False
+
+
 def test_a_closed_loop_intends_no_rate_single_stream_included():
     rec = records([5.0] * 20, [200] * 20)
     specs = (TenantSpec("m", 20.0, slo_ms=10.0),)  # a rate given, and not used

@@ -166,6 +166,11 @@ def generator_notes(tenants: Sequence[dict], late: dict, scenario: str | None = 
             "another process/machine for load"
         )
     for t in tenants:
+        if not t.get("requests"):  # its numbers are all empty: say why, not only "-"
+            notes.append(
+                f"{t['model']}: no request was due in the measured window (too few at rate x "
+                "--duration): raise --duration or the rate"
+            )
         sched = t.get("scheduled_rate_rps") or 0.0
         if sched and t["achieved_rate_rps"] < ACHIEVED_MIN_FRACTION * sched:
             notes.append(
