@@ -142,14 +142,19 @@ class FakeOpenAI(FakeKServe):
     """``/v1/completions`` streaming ``tokens`` events, the first after ``ttft_s``, then one
     every ``tpot_s``, then a usage event and ``[DONE]``."""
 
-    def __init__(self, ttft_s: float = 0.02, tpot_s: float = 0.005, tokens: int = 8):
+    def __init__(self, ttft_s: float = 0.02, tpot_s: float = 0.005, tokens: int = 8,
+                 served: tuple[str, ...] = ()):  # fmt: skip
         super().__init__(metrics=False, models=())
         self.ttft_s, self.tpot_s, self.tokens = ttft_s, tpot_s, tokens
+        self.served = served  # empty: any model name
         self.requests: list[dict] = []
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.requests.append(body)
+        if self.served and body["model"] not in self.served:
+            error = {"message": f"the model {body['model']!r} does not exist", "code": None}
+            return web.json_response({"error": error}, status=404)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         await asyncio.sleep(self.ttft_s)

@@ -146,6 +146,20 @@ def test_openai_streaming_reports_ttft_and_tpot():
     assert doc["server"] is None and "404" in doc["server_reason"]
 
 
+def test_an_openai_model_the_server_lacks_is_one_line_before_the_run(capsys, gpulens_home):
+    # KServe tenants are checked against the model's metadata first; an --openai tenant was
+    # not: a wrong name made a finished run whose every request was a 404
+    with FakeOpenAI(served=("gpt-tiny",)) as srv:
+        code, out, err = run_cli(
+            capsys, "load", "--url", srv.url, "--tenant", "gpt:rate=20", "--openai", "gpt",
+            "--duration", "1", "--warmup", "0", "--no-store",
+        )  # fmt: skip
+        sent = len(srv.requests)
+    assert code == 1 and out == "" and sent == 1  # the one check, then nothing
+    line = err.strip().splitlines()[-1]
+    assert "HTTP 404" in line and "the model 'gpt' does not exist" in line and "--openai" in line
+
+
 @pytest.mark.parametrize("client", ["raw", "aiohttp"])
 def test_a_closed_loop_keeps_n_requests_outstanding(client):
     """--concurrency N: N requests in flight per tenant, each sent when one returns, so the

@@ -333,6 +333,8 @@ async def prepare_requests(config: LoadConfig, session, aiohttp) -> tuple[list, 
     for spec in config.tenants:
         if spec.openai:
             body = openai_load.completion_body(spec.model, config.prompt_tokens, config.max_tokens)
+            timeout = aiohttp.ClientTimeout(total=config.timeout_s)
+            await openai_load.preflight(session, aiohttp, config.url, spec.model, body, timeout)
             prepared.append(body)
             info[spec.model] = {"path": openai_load.PATH, "prompt_tokens": config.prompt_tokens,
                                 "max_tokens": config.max_tokens}  # fmt: skip

@@ -17,6 +17,8 @@ import math
 import time
 from dataclasses import dataclass
 
+from gpulens.errors import RuntimeFailure
+
 PATH = "/v1/completions"
 PROMPT_WORD = " the"
 
@@ -98,3 +100,36 @@ def time_per_output_token_s(timing: StreamTiming) -> float:
     if timing.tokens < 2 or math.isnan(timing.first_token_s):
         return math.nan
     return (timing.last_token_s - timing.first_token_s) / (timing.tokens - 1)
+
+
+def _error_message(raw: bytes) -> str:
+    """The server's words from an error body: OpenAI's ``{"error": {"message"}}``, a plain
+    ``{"error": "..."}`` or the text itself, on one short line."""
+    try:
+        obj = json.loads(raw)
+    except ValueError:
+        obj = None
+    err = obj.get("error") if isinstance(obj, dict) else None
+    text = err.get("message") if isinstance(err, dict) else err
+    text = str(text) if text else raw.decode("utf-8", "replace")
+    return " ".join(text.split())[:300]
+
+
+async def preflight(session, aiohttp, url: str, model: str, body: bytes, timeout) -> None:
+    """One completion as the run will send it, before the schedule: a 4xx (a model the server
+    does not serve, a prompt plus max_tokens over its context) is the command's mistake, said
+    in one line, not a run whose every request is an error."""
+    headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+    try:
+        async with session.post(url + PATH, data=body, headers=headers, timeout=timeout) as r:
+            raw, status = await r.read(), r.status
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise RuntimeFailure(
+            f"cannot reach {url}{PATH} ({type(exc).__name__}: {exc}); start the server (e.g. "
+            "gpulens serve --model gpt) or fix --url"
+        ) from None
+    if 400 <= status < 500:
+        raise RuntimeFailure(
+            f"POST {url}{PATH} for {model!r} returned HTTP {status} ({_error_message(raw)}): "
+            "check the model name (--openai, --tenant), --prompt-tokens and --max-tokens"
+        )
