@@ -143,10 +143,11 @@ class FakeOpenAI(FakeKServe):
     every ``tpot_s``, then a usage event and ``[DONE]``."""
 
     def __init__(self, ttft_s: float = 0.02, tpot_s: float = 0.005, tokens: int = 8,
-                 served: tuple[str, ...] = ()):  # fmt: skip
+                 served: tuple[str, ...] = (), byte_level: bool = False):  # fmt: skip
         super().__init__(metrics=False, models=())
         self.ttft_s, self.tpot_s, self.tokens = ttft_s, tpot_s, tokens
         self.served = served  # empty: any model name
+        self.byte_level = byte_level  # prompt tokens: its bytes (as gpulens's gpt), else words
         self.requests: list[dict] = []
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
@@ -163,7 +164,10 @@ class FakeOpenAI(FakeKServe):
                 await asyncio.sleep(self.tpot_s)
             event = {"choices": [{"index": 0, "text": f" t{k}"}], "model": body["model"]}
             await resp.write(f"data: {json.dumps(event)}\n\n".encode())
-        usage = {"choices": [], "usage": {"completion_tokens": self.tokens}}
+        prompt = body["prompt"]
+        counted = len(prompt.encode()) if self.byte_level else len(prompt.split())
+        usage = {"choices": [], "usage": {"completion_tokens": self.tokens,
+                                          "prompt_tokens": counted}}  # fmt: skip
         await resp.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
         await resp.write_eof()
         return resp

@@ -136,7 +136,7 @@ def test_openai_streaming_reports_ttft_and_tpot():
         cfg = LoadConfig(url=srv.url, tenants=(TenantSpec("llm", 20.0, 200.0, openai=True),),
                          duration_s=1.0, warmup_s=0.2, prompt_tokens=16, max_tokens=6)  # fmt: skip
         doc = run_load(cfg).document(cfg)
-        sent = srv.requests[0]
+        sent = srv.requests[-1]  # the first ones: the prompt-length probes
     t = doc["tenants"][0]
     assert sent["stream"] is True and sent["max_tokens"] == 6 and sent["model"] == "llm"
     assert t["errors"]["count"] == 0 and t["requests"] > 5
@@ -158,6 +158,21 @@ def test_an_openai_model_the_server_lacks_is_one_line_before_the_run(capsys, gpu
     assert code == 1 and out == "" and sent == 1  # the one check, then nothing
     line = err.strip().splitlines()[-1]
     assert "HTTP 404" in line and "the model 'gpt' does not exist" in line and "--openai" in line
+
+
+@pytest.mark.parametrize("byte_level", [False, True])
+def test_prompt_tokens_are_the_servers_count(byte_level):
+    # ' the' is one GPT-2 token but four byte-level ones: --prompt-tokens 12 sent 48 tokens to
+    # gpulens's own gpt (and 64 + --max-tokens 64 overflowed gpt-tiny's 256-token context)
+    with FakeOpenAI(tokens=2, byte_level=byte_level) as srv:
+        cfg = LoadConfig(url=srv.url, tenants=(TenantSpec("llm", 20.0, openai=True),),
+                         duration_s=0.3, warmup_s=0.0, prompt_tokens=12, max_tokens=2)  # fmt: skip
+        out = run_load(cfg)
+        last = srv.requests[-1]["prompt"]
+    counted = len(last.encode()) if byte_level else len(last.split())
+    assert counted == 12
+    assert out.requests["llm"]["prompt_tokens_counted"] == 12
+    assert out.requests["llm"]["prompt_words"] == (3 if byte_level else 12)
 
 
 @pytest.mark.parametrize("client", ["raw", "aiohttp"])

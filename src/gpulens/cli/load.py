@@ -369,7 +369,11 @@ def load(
         "--openai",
         help="MODEL: drive an OpenAI-compatible /v1/completions (streamed) for it.",
     ),
-    prompt_tokens: int = typer.Option(128, "--prompt-tokens", help="Prompt length with --openai."),
+    prompt_tokens: int = typer.Option(
+        128,
+        "--prompt-tokens",
+        help="Prompt length with --openai, in tokens as the server counts them (probed first).",
+    ),
     max_tokens: int = typer.Option(
         64, "--max-tokens", help="Output tokens asked for with --openai."
     ),

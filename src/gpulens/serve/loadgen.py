@@ -332,11 +332,14 @@ async def prepare_requests(config: LoadConfig, session, aiohttp) -> tuple[list, 
     rng = np.random.default_rng(config.seed)
     for spec in config.tenants:
         if spec.openai:
-            body = openai_load.completion_body(spec.model, config.prompt_tokens, config.max_tokens)
             timeout = aiohttp.ClientTimeout(total=config.timeout_s)
-            await openai_load.preflight(session, aiohttp, config.url, spec.model, body, timeout)
+            body, words, counted = await openai_load.fit_prompt(
+                session, aiohttp, config.url, spec.model, config.prompt_tokens,
+                config.max_tokens, timeout,
+            )  # fmt: skip
             prepared.append(body)
             info[spec.model] = {"path": openai_load.PATH, "prompt_tokens": config.prompt_tokens,
+                                "prompt_words": words, "prompt_tokens_counted": counted,
                                 "max_tokens": config.max_tokens}  # fmt: skip
             continue
         given = dict(config.input_files).get(spec.model)

@@ -6,8 +6,9 @@
 - time per output token (TPOT): (last token − first token) / (tokens − 1), tokens being the
   server's ``usage.completion_tokens`` when it sends one, else the text events counted.
 
-The prompt is ``prompt_tokens`` copies of a common word (one token each in GPT-style
-tokenizers); ``max_tokens`` bounds the output. aiohttp comes in through the session given.
+The prompt is copies of a common word (one token each in GPT-style tokenizers, four in a
+byte-level one), as many as make ``prompt_tokens`` tokens by the server's own count
+(``fit_prompt``); ``max_tokens`` bounds the output. aiohttp comes in through the session given.
 """
 
 from __future__ import annotations
@@ -115,10 +116,26 @@ def _error_message(raw: bytes) -> str:
     return " ".join(text.split())[:300]
 
 
-async def preflight(session, aiohttp, url: str, model: str, body: bytes, timeout) -> None:
+def _prompt_tokens_counted(raw: bytes) -> int | None:
+    """The server's ``usage.prompt_tokens`` from a streamed (or plain JSON) answer, if any."""
+    for line in raw.splitlines() or [raw]:
+        obj = parse_event(line) if line.strip().startswith(b"data:") else None
+        if obj is None:
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                continue
+        tokens = (obj.get("usage") or {}).get("prompt_tokens") if isinstance(obj, dict) else None
+        if isinstance(tokens, int):
+            return tokens
+    return None
+
+
+async def preflight(session, aiohttp, url: str, model: str, body: bytes, timeout) -> int | None:
     """One completion as the run will send it, before the schedule: a 4xx (a model the server
     does not serve, a prompt plus max_tokens over its context) is the command's mistake, said
-    in one line, not a run whose every request is an error."""
+    in one line, not a run whose every request is an error. Returns the prompt tokens the
+    server counted (``usage.prompt_tokens``), None when it says not."""
     headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
     try:
         async with session.post(url + PATH, data=body, headers=headers, timeout=timeout) as r:
@@ -133,3 +150,22 @@ async def preflight(session, aiohttp, url: str, model: str, body: bytes, timeout
             f"POST {url}{PATH} for {model!r} returned HTTP {status} ({_error_message(raw)}): "
             "check the model name (--openai, --tenant), --prompt-tokens and --max-tokens"
         )
+    return _prompt_tokens_counted(raw) if 200 <= status < 300 else None
+
+
+async def fit_prompt(session, aiohttp, url: str, model: str, prompt_tokens: int,
+                     max_tokens: int, timeout) -> tuple[bytes, int, int | None]:  # fmt: skip
+    """The request body whose prompt the SERVER counts as ``prompt_tokens`` tokens: the word
+    is one token in GPT-style tokenizers but four in a byte-level one (gpulens's own gpt), so
+    two one-token probes of 8 and 16 words measure the server's tokens per word (and any fixed
+    tokens it adds), and the word count follows. The body is then checked as it will be sent.
+    Returns (body, words, prompt tokens the server counted or None)."""
+    words = prompt_tokens
+    a = await preflight(session, aiohttp, url, model, completion_body(model, 8, 1), timeout)
+    b = await preflight(session, aiohttp, url, model, completion_body(model, 16, 1), timeout)
+    if a is not None and b is not None and b > a:
+        per_word = (b - a) / 8.0
+        words = max(1, round((prompt_tokens - (a - 8 * per_word)) / per_word))
+    body = completion_body(model, words, max_tokens)
+    counted = await preflight(session, aiohttp, url, model, body, timeout)
+    return body, words, counted
