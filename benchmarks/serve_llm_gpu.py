@@ -13,9 +13,10 @@ Beside it, in the same call, two references without the server on the same model
     python benchmarks/serve_llm_gpu.py --device cpu --model gpt_tiny --rates 2,4 \\
         --prompt-tokens 4 --max-tokens 16 --duration 3 --max-batch 8    # a CPU check
 
-Prompts are ``--prompt-tokens`` copies of " the" (gpulens load's prompt): 4 byte-level tokens
-each for gpulens serve. The serve extra must be installed (on a machine without network, from
-wheels: `pip install --no-index --find-links .whl starlette uvicorn aiohttp`).
+Prompts are ``--prompt-tokens`` copies of " the": 4 byte-level tokens each for gpulens serve
+(gpulens load is asked for 4 x that many tokens, which it counts by the server's tokenizer).
+The serve extra must be installed (on a machine without network, from wheels:
+`pip install --no-index --find-links .whl starlette uvicorn aiohttp`).
 """
 
 from __future__ import annotations
@@ -88,7 +89,8 @@ def references(args) -> list[dict]:
 
 def load_at(url: str, rate: float, args) -> dict:
     cmd = gpulens("load", "--url", url, "--tenant", f"{args.model}:rate={rate:g}",
-                  "--openai", args.model, "--prompt-tokens", str(args.prompt_tokens),
+                  # gpulens load counts the server's tokens (4 a word here): the same prompt
+                  "--openai", args.model, "--prompt-tokens", str(4 * args.prompt_tokens),
                   "--max-tokens", str(args.max_tokens), "--duration", str(args.duration),
                   "--warmup", str(args.warmup), "--timeout-s", "120", "--json",
                   "--no-store")  # fmt: skip
