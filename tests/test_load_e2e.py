@@ -378,6 +378,11 @@ def test_cli_json_contract_and_record(capsys, gpulens_home):
                 (["--scenario", "offline", "--offline-requests", "-3"], "--offline-requests"),
                 # a schedule no generator sends, drawn up front, once took 21 GB (OOM-killed)
                 (["--tenant", "n:rate=1e9"], "lower the rate or --duration"),
+                # a rate search in a loop that ignores rates
+                (["--find-max", "m", "--concurrency", "2"], "drop --concurrency"),
+                (["--sweep", "m:rates=5,10", "--concurrency", "2"], "drop --concurrency"),
+                (["--sweep", "m:rates=5", "--scenario", "single-stream"], "drop --scenario"),
+                (["--find-max", "m", "--scenario", "offline"], "drop --scenario offline"),
                 (
                     ["--scenario", "offline", "--offline-requests", "1000000000000"],
                     "lower the rate",

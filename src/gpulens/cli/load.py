@@ -422,6 +422,15 @@ def load(
         from gpulens.serve.load_config import parse_sweep
 
         config.tenant(parse_sweep(sweep)[0])
+    # a search over rates needs the open loop: a closed loop or offline ignores the rate (a
+    # concurrency-2 loop once reported "find-max: 10.00 requests/s" while sending 2,590/s)
+    closed = "--concurrency" if config.concurrency is not None else None
+    if config.scenario in ("single-stream", "offline"):
+        closed = f"--scenario {config.scenario}"
+    searched = "--find-max" if find_max is not None else "--sweep ...:rates=" if sweep else None
+    if closed and searched and not (sweep and ":concurrency=" in sweep):
+        raise UsageError(f"{searched} steps the open loop's rate, which {closed} does not use: "
+                         f"drop {closed}")  # fmt: skip
     if importlib.util.find_spec("aiohttp") is None:
         raise UsageError("aiohttp is not installed: pip install 'gpulens[serve]'")
     from gpulens.probes.monitor import ProbeSpec
