@@ -378,6 +378,9 @@ def test_cli_json_contract_and_record(capsys, gpulens_home):
                 (["--scenario", "offline", "--offline-requests", "-3"], "--offline-requests"),
                 # a schedule no generator sends, drawn up front, once took 21 GB (OOM-killed)
                 (["--tenant", "n:rate=1e9"], "lower the rate or --duration"),
+                # an --input file that is not there, or not a request: no failed record
+                (["--input", "m=/nonexistent/request.json"], "cannot read it"),
+                (["--input", f"m={__file__}"], "not JSON"),
                 # a rate search in a loop that ignores rates
                 (["--find-max", "m", "--concurrency", "2"], "drop --concurrency"),
                 (["--sweep", "m:rates=5,10", "--concurrency", "2"], "drop --concurrency"),

@@ -431,6 +431,10 @@ def load(
     if closed and searched and not (sweep and ":concurrency=" in sweep):
         raise UsageError(f"{searched} steps the open loop's rate, which {closed} does not use: "
                          f"drop {closed}")  # fmt: skip
+    from gpulens.serve.load_inputs import request_from_file
+
+    for model, path in config.input_files:  # a file unread or not a request: no record either
+        request_from_file(model, path)
     if importlib.util.find_spec("aiohttp") is None:
         raise UsageError("aiohttp is not installed: pip install 'gpulens[serve]'")
     from gpulens.probes.monitor import ProbeSpec
