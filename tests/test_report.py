@@ -244,6 +244,26 @@ def test_a_closed_loop_load_run_reports_without_an_intended_rate():
     assert dict(load_facts(summary))["m"].startswith("41.5 of 50.0 req/s")
 
 
+def test_a_searched_load_run_draws_each_trial_apart():
+    """A --find-max or --sweep run's requests hold every trial, each at its own rate and with
+    its clock from 0: pooled into one curve per tenant they read as one rate's latencies."""
+    import numpy as np
+    import pandas as pd
+
+    from gpulens.report.serving import latency_cdf_figure, latency_over_time_figure
+
+    def trial(k: int, latency_ms: float) -> pd.DataFrame:
+        return pd.DataFrame({"trial": k, "model": "m", "scheduled_s": np.arange(50) / 50.0,
+                             "latency_ms": latency_ms, "status": 200,
+                             "measured": True})  # fmt: skip
+
+    requests = pd.concat([trial(0, 2.0), trial(1, 40.0)], ignore_index=True)
+    for fig in (latency_over_time_figure(requests), latency_cdf_figure(requests)):
+        assert [t.name for t in fig.data] == ["m · trial 0", "m · trial 1"]
+    one = latency_cdf_figure(trial(0, 2.0))
+    assert [t.name for t in one.data] == ["m"]  # one trial: the tenant's name alone
+
+
 @pytest.mark.parametrize("name", ["x.png", "report.svg", "report"])
 def test_a_report_to_a_file_not_named_html_is_refused(name, capsys, tmp_path):
     """`-o x.png` used to write HTML into x.png; the report is HTML only (plotly's static

@@ -94,6 +94,14 @@ def latency_percentile_figure(summary: dict[str, Any]) -> go.Figure | None:
     return fig
 
 
+def _by_tenant(rows: pd.DataFrame):
+    """(label, rows) per tenant, and per trial where the run held several (a --find-max or
+    --sweep: each trial at its own rate, its clock from 0; pooled, they read as one rate)."""
+    trials = "trial" in rows and rows["trial"].nunique() > 1
+    for key, part in rows.groupby(["model", "trial"] if trials else "model", sort=False):
+        yield (f"{key[0]} · trial {key[1]}" if trials else str(key)), part
+
+
 def latency_over_time_figure(requests: pd.DataFrame) -> go.Figure | None:
     """Each measured request's latency against when it was due, per tenant (errors apart)."""
     if requests is None or requests.empty or "latency_ms" not in requests:
@@ -102,7 +110,7 @@ def latency_over_time_figure(requests: pd.DataFrame) -> go.Figure | None:
     if measured.empty:
         return None
     fig = go.Figure()
-    for model, rows in measured.groupby("model", sort=False):
+    for model, rows in _by_tenant(measured):
         ok = rows[(rows["status"] >= 200) & (rows["status"] < 300)]
         x, y = min_max_points(ok["scheduled_s"].reset_index(drop=True),
                               ok["latency_ms"].reset_index(drop=True))  # fmt: skip
@@ -128,7 +136,7 @@ def latency_cdf_figure(requests: pd.DataFrame) -> go.Figure | None:
     if ok.empty:
         return None
     fig = go.Figure()
-    for model, rows in ok.groupby("model", sort=False):
+    for model, rows in _by_tenant(ok):
         values = np.sort(rows["latency_ms"].dropna().to_numpy())
         if values.size == 0:
             continue
