@@ -189,3 +189,26 @@ def test_a_serving_run_ends_finished_with_one_json_document(gpulens_home, how, r
     from gpulens.serve.app import http_implementation  # what served: logged beside the request
 
     assert meta["effective_config"]["http_server"] == http_implementation()
+
+
+def test_the_summary_lines_stay_whole_in_80_columns(monkeypatch):
+    # piped (80 columns), "... (59.9/s), 0\nfailed, 0 refused (503)" broke mid-sentence
+    import io
+
+    from rich.console import Console
+
+    from gpulens.cli import common
+    from gpulens.cli import serve as cli_serve
+
+    screen = io.StringIO()
+    monkeypatch.setattr(common, "out", Console(file=screen, width=80))
+    pcts = {"p50": 0.05, "p99": 4.81}
+    doc = {"run_id": "20261128-100821-6b7c8d", "status": "finished", "stop_reason": "interrupt",
+           "requests": 309, "served_s": 5.2, "requests_per_s": 59.9, "failures": 0,
+           "rejected_503": 0, "record_dir": "/tmp/runs/20261128-100821-6b7c8d",
+           "models": {"tiny_cnn": {"requests": 309, "mean_batch_size": 1.08, "queue_ms": pcts,
+                                   "compute_ms": pcts, "request_ms": pcts}}}  # fmt: skip
+    cli_serve._render(doc)
+    lines = screen.getvalue().splitlines()
+    assert len(lines) == 3
+    assert lines[0].endswith("0 failed, 0 refused (503)") and lines[1].endswith("4.81 ms")

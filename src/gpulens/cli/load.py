@@ -143,7 +143,8 @@ def render(doc: dict) -> None:
             say(f"{t['model']}: errors {t['errors']['by_kind']}")
     server = doc.get("server")
     if server is None:
-        out.print(Text(f"server split: not available ({doc.get('server_reason')})", style="dim"))
+        reason = doc.get("server_reason")
+        out.print(Text(f"server split: not available ({reason})", style="dim"), soft_wrap=True)
     else:
         for model, s in server["models"].items():
             if "reason" in s:

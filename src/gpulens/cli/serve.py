@@ -134,6 +134,7 @@ def _render(doc: dict) -> None:
             f"{doc['failures']} failed, {doc['rejected_503']} refused (503)"
         ),  # fmt: skip
         highlight=False,
+        soft_wrap=True,  # one line, even piped
     )
     for name, m in doc["models"].items():
 
@@ -148,6 +149,7 @@ def _render(doc: dict) -> None:
                 f"{ms(m['request_ms'])} ms"
             ),  # fmt: skip
             highlight=False,
+            soft_wrap=True,  # one line, even piped
         )
         gen = m.get("generation")
         if gen:
@@ -159,5 +161,6 @@ def _render(doc: dict) -> None:
                     f"TTFT p50/p99 {ms(gen['ttft_ms'])} ms  TPOT {ms(gen['tpot_ms'])} ms"
                 ),  # fmt: skip
                 highlight=False,
+                soft_wrap=True,  # one line, even piped
             )
-    out.print(Text(f"record: {doc['record_dir']}"), highlight=False)
+    out.print(Text(f"record: {doc['record_dir']}"), highlight=False, soft_wrap=True)
