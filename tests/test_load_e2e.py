@@ -454,9 +454,15 @@ def test_the_table_never_cuts_a_number_short(monkeypatch, width):
               "latency_ms": {"p50": 11592.1, "p90": 12234.0, "p99": 12797.0, "p999": 12799.0},
               "goodput_rps": 2892.5, "errors": {"count": 34051, "by_kind": {}}}  # fmt: skip
     cli_load.render({"url": "http://127.0.0.1:8000", "duration_s": 2.0, "tenants": [tenant],
-                     "server": None, "server_reason": "none", "generator_notes": [],
+                     "server": None, "generator_notes": [],
+                     "server_reason": "GET http://127.0.0.1:8000/metrics failed: "
+                     "ClientConnectorError",
                      "loadgen_lateness_ms": {"p50": 1.0, "p99": 2.0}})  # fmt: skip
     row = next(line for line in screen.getvalue().splitlines() if line.startswith("mobilenet"))
     assert row.split()[1:] == ["20,000", "2,892", "11,592", "12,234", "12,797", "12,799",
                                "1,000", "1.2%", "2,892", "34,051"]  # fmt: skip
-    assert max(len(line) for line in screen.getvalue().splitlines()) <= width
+    assert max(len(line) for line in screen.getvalue().splitlines() if "split" not in line) <= width
+    assert (
+        "server split: not available (GET http://127.0.0.1:8000/metrics failed: "
+        "ClientConnectorError)" in screen.getvalue().splitlines()
+    )  # one line, not broken
