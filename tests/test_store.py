@@ -544,3 +544,20 @@ def test_processes_opening_a_fresh_sqlite_store_at_once_all_get_it(tmp_path):
     for p, (out, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err[-1500:]
         assert out.strip() == "1"  # the Default experiment, in one working store
+
+
+def test_mlflow_telemetry_is_off_unless_the_user_turned_it_on(monkeypatch):
+    """MLflow 3.2+ reports usage to its own server from every process that logs a run; a
+    measuring tool does not phone home unasked (it cost 4.5 s at a Ctrl-C's end here)."""
+    import os
+
+    from gpulens.store import mlflow_sink
+
+    monkeypatch.delenv("MLFLOW_DISABLE_TELEMETRY", raising=False)
+    mlflow_sink.import_mlflow()
+    from mlflow.telemetry.utils import is_telemetry_disabled
+
+    assert os.environ["MLFLOW_DISABLE_TELEMETRY"] == "true" and is_telemetry_disabled()
+    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "false")
+    mlflow_sink.import_mlflow()
+    assert os.environ["MLFLOW_DISABLE_TELEMETRY"] == "false"  # the user's choice stands

@@ -35,7 +35,6 @@ EXIT = typer.Exit
 ABORT = typer.Abort
 
 
-
 @dataclass
 class Failure:
     exit_code: int
