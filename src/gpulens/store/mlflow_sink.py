@@ -121,14 +121,10 @@ def store_status(home: Path | str | None = None, check: bool = True) -> dict[str
     }
 
 
-# MLflow (3.2 and later) sends usage telemetry to its own server from every process that logs
-# a run: a measuring tool that phones home unasked adds seconds to a run's end (4.5 s on a
-# Ctrl-C here) and a network call a cluster may forbid. Off unless the user set it.
-TELEMETRY_ENV = "MLFLOW_DISABLE_TELEMETRY"
-
-
 def import_mlflow():
-    os.environ.setdefault(TELEMETRY_ENV, "true")  # before the import: MLflow reads it there
+    # MLflow 3.2+ sends usage telemetry from every process that logs a run: seconds at a run's
+    # end (4.5 s on a Ctrl-C here) and a call home a cluster may forbid. Off unless set.
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")  # read at MLflow's import
     try:
         import mlflow
     except ImportError:
