@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import typer
@@ -88,8 +87,7 @@ def predict(
     json_out: bool = typer.Option(False, "--json", help=common.JSON_HELP),
 ) -> None:
     from gpulens.errors import UsageError
-    from gpulens.predict.catalog import find_gpu
-    from gpulens.predict.features import memory_shortfall, run_facts
+    from gpulens.predict.features import run_facts
     from gpulens.predict.predictor import Target, predict_run
     from gpulens.store.queries import find_run
 
@@ -105,15 +103,6 @@ def predict(
     unfinished = common.warn_unfinished(record)
     prediction = predict_run(record, target, catalog)
     facts = run_facts(record)
-    # a larger batch needs more memory still; a smaller one may fit (not modelled)
-    short = (
-        memory_shortfall(record, find_gpu(prediction.target_gpu, catalog))
-        if prediction.target.batch_size >= facts.batch_size
-        else None
-    )
-    if short:
-        prediction = replace(prediction, notes=(f"{prediction.target_gpu} {short}",
-                                                *prediction.notes))  # fmt: skip
     if json_out:
         doc = prediction.as_dict()
         doc["notes"] = [unfinished, *doc["notes"]] if unfinished else doc["notes"]

@@ -20,7 +20,7 @@ from typing import Any
 
 from gpulens.errors import UsageError
 from gpulens.predict import batch as batch_model
-from gpulens.predict import roofline, validation
+from gpulens.predict import features, roofline, validation
 from gpulens.predict.catalog import GpuSpec, find_gpu
 from gpulens.predict.communication import Communication, communication, measured_pairs
 from gpulens.predict.features import RunFacts, gradient_tensors, model_size, run_facts
@@ -471,6 +471,9 @@ def predict_run(record, target: Target, catalog: Path | None = None) -> Predicti
         error = None  # the loader's own pace is what decides, and it was not measured
     if repeat_note and error is not None:
         notes.append(repeat_note)
+    # the time model knows nothing of memory (a smaller batch may fit: not modelled)
+    short = features.memory_shortfall(record, tgt_spec) if batch >= facts.batch_size else None
+    notes = [f"{tgt_spec.gpu} {short}"] * bool(short) + notes
     step = busy + data_wait
     if not math.isfinite(step) or step <= 0:
         raise UsageError(f"run {facts.run_id} has inconsistent phase times: cannot predict")
