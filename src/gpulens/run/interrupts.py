@@ -33,18 +33,23 @@ def _on_sigint(signum: int, frame: FrameType | None) -> None:
 
 
 def install() -> bool:
-    """Note SIGINTs from now on (main thread, and only where SIGINT has Python's default
-    handler: a launcher's own forwarding handler is left alone). Returns whether installed."""
+    """Note SIGINTs and SIGTERMs from now on (main thread). Each is taken only where it has
+    Python's default handler: a launcher's own forwarding handler, or an ignored signal, is left
+    alone. The two are decided apart: a job started in the background by a non-interactive shell
+    (a batch script's `cmd &`) starts with SIGINT ignored, and its SIGTERM must still end the
+    record `killed`. Returns whether either was taken."""
     if threading.current_thread() is not threading.main_thread():
         return False
-    current = signal.getsignal(signal.SIGINT)
-    if current is not signal.default_int_handler and current is not _on_sigint:
-        return False
-    signal.signal(signal.SIGINT, _on_sigint)
-    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:  # ignored or someone's own: left
+    took = False
+    if signal.getsignal(signal.SIGINT) in (signal.default_int_handler, _on_sigint):
+        signal.signal(signal.SIGINT, _on_sigint)
+        took = True
+    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, _on_sigint):
         signal.signal(signal.SIGTERM, _on_sigint)
-    _state.update(pending=False, held=0, installed=True, signal=None)
-    return True
+        took = True
+    if took:
+        _state.update(pending=False, held=0, installed=True, signal=None)
+    return took
 
 
 def uninstall() -> None:
