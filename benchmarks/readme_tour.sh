@@ -103,13 +103,18 @@ gpulens run -- nosuchcmd; echo "rc=$?"
 gpulens colocate resnet18:batch=64 resnet18:batch=64 --mechanisms mig; echo "rc=$?"
 gpulens predict latest --gpu RTX9999; echo "rc=$?"
 n1=$(ls ~/.gpulens/runs | wc -l); echo "records added: $((n1 - n0))"; test "$n1" -eq "$n0"'
-# stopped as Slurm, Kubernetes and `kill` stop a job: exit 143, the record ended `killed` with
-# its reason, and no process of the run left on a GPU (rc 0 iff all three)
-step sigterm 120 'gpulens run resnet18 --duration 120 --batch-size 64 --precision bf16 & pid=$!
-sleep 25; kill -TERM $pid; wait $pid; rc=$?; echo "gpulens rc=$rc"; sleep 3
-st=$(python3 -c "import json,glob,os; d=max(glob.glob(os.path.expanduser(\"~/.gpulens/runs/*\")), key=os.path.getmtime); r=json.load(open(d+\"/run.json\")); print(r.get(\"status\"), \"|\", r.get(\"reason\") or r.get(\"error\") or \"\")")
-echo "record: $st"; left=$(nvidia-smi --query-compute-apps=pid --format=csv,noheader | wc -l); echo "GPU processes left: $left"
-test "$rc" -eq 143 && [[ "$st" == killed* ]] && test "$left" -eq 0'
+# stopped as Slurm, Kubernetes and `kill` stop a job, a built-in run and a wrapped script, each
+# started with `&` as a batch script does: exit 143, the record ended `killed` with its reason,
+# and no process of the run left on a GPU (rc 0 iff all of these)
+step sigterm 150 'ok=0
+for cmd in "gpulens run resnet18 --duration 120 --batch-size 64 --precision bf16" \
+           "gpulens run -- python examples/train_plain.py -b 32 --model resnet18 --steps 100000"; do
+  $cmd & pid=$!; sleep 25; kill -TERM $pid; wait $pid; rc=$?; sleep 3
+  st=$(python3 -c "import json,glob,os; d=max(glob.glob(os.path.expanduser(\"~/.gpulens/runs/*\")), key=os.path.getmtime); r=json.load(open(d+\"/run.json\")); print(r.get(\"status\"), \"|\", r.get(\"error\") or \"\")")
+  left=$(nvidia-smi --query-compute-apps=pid --format=csv,noheader | wc -l)
+  echo "$cmd -> rc=$rc record: $st; GPU processes left: $left"
+  test "$rc" -eq 143 && [[ "$st" == killed* ]] && test "$left" -eq 0 || ok=1
+done; exit $ok'
 step runs_compare 60 "gpulens runs compare latest $r18"
 step colocate_streams_mps 240 'gpulens colocate resnet18:batch=64 infer:resnet50:batch=1,rate=100 --mechanisms streams,mps'
 step make_tokens 240 'gpulens data make tokens --out ~/data/tok --n 50000000'

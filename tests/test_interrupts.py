@@ -228,3 +228,23 @@ def test_sigterm_is_taken_where_sigint_is_ignored(installed):
         signal.signal(signal.SIGINT, old)
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     interrupts.install()  # the fixture uninstalls
+
+
+@pytest.mark.parametrize(
+    ("status", "returncode", "exit_code"),
+    [("killed", -signal.SIGTERM, 143), ("killed", 143, 143), ("failed", 3, 1), ("failed", 143, 1)],
+)
+def test_a_wrapped_command_stopped_by_sigterm_exits_143_as_a_built_in_run(
+    status, returncode, exit_code
+):
+    """`gpulens run -- CMD` stopped by SIGTERM exited 1 ("the command ended with exit code
+    143") where a built-in run exits 143: a batch system would read a failure."""
+    from types import SimpleNamespace
+
+    from gpulens.cli.run import CommandFailed
+    from gpulens.report.failure import classify
+
+    result = SimpleNamespace(status=status, returncode=returncode, record_dir="/r/x")
+    failure = classify(CommandFailed(result))
+    assert failure.exit_code == exit_code
+    assert ("stopped by SIGTERM" in failure.message) == (exit_code == 143)

@@ -313,9 +313,15 @@ def run(
 
 
 class CommandFailed(GpulensError):
-    """A wrapped command ended with a non-zero exit code (its record is complete)."""
+    """A wrapped command ended with a non-zero exit code (its record is complete). Stopped by
+    SIGTERM (passed on by gpulens, or sent to the command itself), gpulens exits 143 as a
+    built-in run does, so a batch system reads the same status either way."""
 
     def __init__(self, result):
+        if result.status == "killed" and result.returncode in (-signal.SIGTERM, 143):
+            self.exit_code = 128 + signal.SIGTERM
+            super().__init__(f"stopped by SIGTERM; the command's record is {result.record_dir}")
+            return
         super().__init__(
             f"the command ended with exit code {result.returncode} (status {result.status}); "
             f"its record is {result.record_dir}"
