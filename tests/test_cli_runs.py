@@ -201,6 +201,46 @@ def test_a_long_command_line_leaves_status_and_rate_in_sight(tmp_path, monkeypat
     assert "13,150" in text and all(len(line) <= 80 for line in text.splitlines())
 
 
+def _list_text(monkeypatch, width: int, *args: str) -> str:
+    import io
+
+    from rich.console import Console
+
+    import gpulens.cli.common as common
+
+    buf = io.StringIO()
+    monkeypatch.setattr(common, "out", Console(file=buf, width=width))
+    result = runner.invoke(runs_app, ["list", *args])
+    assert result.exit_code == 0, result.output
+    return buf.getvalue()
+
+
+def test_list_shows_a_script_label_whole_in_80_and_120_columns(tmp_path, monkeypatch):
+    """`runs list` at 80 columns cut `train_tracked.py` to `train_tracked.…`: the workload
+    column now gets the width the other columns' cells leave (a longer label folds, whole);
+    at 120 columns the other columns come back, each line within the width."""
+    runs = tmp_path / "runs"
+    commands = {
+        "20261201-100001-aaaaaa": "/work/main/.venv/bin/python examples/train_tracked.py -e 5",
+        "20261201-100002-bbbbbb": "python -m pkg.train_transformer --lr 0.1",
+    }
+    for run_id, command in commands.items():
+        w = RunWriter(runs, kind="command", name="resnet50-cuda-b64", run_id=run_id)
+        w.update(summary={"workload": command, "throughput_samples_per_s": 13150.4})
+        w.finish()
+    monkeypatch.setenv("GPULENS_HOME", str(tmp_path))
+    for width in (80, 120):
+        text = _list_text(monkeypatch, width)
+        lines = text.splitlines()
+        assert all(len(line) <= width for line in lines), text
+        assert "train_tracked.py" in text and "train_tracked.…" not in text, text
+        # a longer label (the last column at 80) folds onto the next line, every letter kept
+        assert "pkg.train_transformer" in "".join(text.split()) and "pkg.train_t…" not in text
+        assert "finished" in text and "13,150" in text and "created" in text
+    text = _list_text(monkeypatch, 120)
+    assert "pkg.train_transformer" in text and "dur s" in text and "mlflow" in text
+
+
 def test_store_list_total_is_honest_and_kind_filters(tmp_path, monkeypatch):
     """`runs list --store -n 1` does not call its one row the total, and --kind filters there
     as it does for this machine's records."""
@@ -252,6 +292,7 @@ def test_store_list_keeps_run_id_and_status_whole_in_80_columns(tmp_path, monkey
     assert result.exit_code == 0, result.output
     text = buf.getvalue()
     assert run_id in text and "finished" in text, text
+    assert "train_tracked.py" in text, text  # the label whole, not `train_tracked.…`
     assert all(len(line) <= 80 for line in text.splitlines())
 
 

@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gpulens.cli import common
+from gpulens.cli.fitted_table import Column, fitted_table
 from gpulens.errors import UsageError
 from gpulens.paths import default_tracking_uri, runs_dir
 from gpulens.record import schema
@@ -97,8 +98,9 @@ def _when(iso: str | None, seconds: bool = True) -> str:
 
 
 def _workload(row: dict[str, Any]) -> Text:
-    """A wrapped command's script (train.py), not its interpreter's path (--json: whole)."""
-    return _cell(shown_workload(row.get("kind"), row.get("workload")))
+    """A wrapped command's script (train.py), not its interpreter's path (--json: whole); a
+    label folds in the table, so a few lines of it at most."""
+    return _cell(shown_workload(row.get("kind"), row.get("workload")), 60)
 
 
 def _status(status: str | None) -> Text:
@@ -125,63 +127,37 @@ def _list_row(record: RunRecord | DamagedRecord, uri: str) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- list
-# (header, cell, min width, column options) in the order shown; narrow terminals drop the last
-# ones in _LIST_DROP_ORDER first.
-_LIST_COLUMNS: list[tuple[str, Any, int, dict[str, Any]]] = [
-    ("run id", lambda r: Text(str(r["run_id"])), 22, {"style": "bold"}),
-    ("status", lambda r: _status(r["status"]), 8, {}),
-    ("created", lambda r: Text(_when(r["created_at"], seconds=False)), 11, {}),
-    ("dur s", lambda r: _cell(r["duration_s"]), 5, {"justify": "right"}),
-    ("samples/s", lambda r: _rate(r["throughput_samples_per_s"]), 9, {"justify": "right"}),
-    ("workload", _workload, 10, {"overflow": "ellipsis", "ratio": 2}),
-    ("device", lambda r: _cell(r["device"]), 6, {"overflow": "ellipsis", "ratio": 1}),
-    (
+# In the order shown; the flexible ones share the width the others leave, workload first (see
+# gpulens.cli.fitted_table); narrow terminals drop those in _LIST_DROP_ORDER first. A label
+# folds rather than lose its end (`train_tracked.…` at 80 columns read as nothing).
+_LIST_COLUMNS = [
+    Column("run id", lambda r: Text(str(r["run_id"])), 22, {"style": "bold"}),
+    Column("status", lambda r: _status(r["status"]), 8),
+    Column("created", lambda r: Text(_when(r["created_at"], seconds=False)), 11),
+    Column("dur s", lambda r: _cell(r["duration_s"]), 5, {"justify": "right"}),
+    Column("samples/s", lambda r: _rate(r["throughput_samples_per_s"]), 9, {"justify": "right"}),
+    Column("workload", _workload, 12, {"overflow": "fold"}, flexible=True, rank=0),
+    Column("device", lambda r: _cell(r["device"]), 6, {"overflow": "ellipsis"}, flexible=True),
+    Column(
         "name",
         lambda r: Text("" if r["name"] == r["run_id"] else _fmt(r["name"])),
         6,
-        {"overflow": "ellipsis", "ratio": 1},
+        {"overflow": "ellipsis"},
+        flexible=True,
     ),
-    ("mlflow", lambda r: "synced" if r["mlflow_run_id"] else "", 6, {}),
+    Column("mlflow", lambda r: "synced" if r["mlflow_run_id"] else "", 6),
 ]
 _LIST_DROP_ORDER = ("mlflow", "name", "dur s", "device", "created")
 # `runs list --store`: at 80 columns the run id was cut to "202…" and status fell off the table
-_STORE_COLUMNS: list[tuple[str, Any, int, dict[str, Any]]] = [
-    ("run id", lambda r: _cell(r.get("run_id")), 22, {"style": "bold"}),
-    ("status", lambda r: _status(r.get("status")), 8, {}),
-    ("name", lambda r: _cell(r.get("name")), 6, {"overflow": "ellipsis", "ratio": 2}),
-    ("workload", _workload, 10, {"overflow": "ellipsis", "ratio": 2}),
-    ("device", lambda r: _cell(r.get("device")), 6, {"overflow": "ellipsis", "ratio": 1}),
-    ("mlflow run id", lambda r: _cell(r.get("mlflow_run_id")), 32, {}),
+_STORE_COLUMNS = [
+    Column("run id", lambda r: _cell(r.get("run_id")), 22, {"style": "bold"}),
+    Column("status", lambda r: _status(r.get("status")), 8),
+    Column("name", lambda r: _cell(r.get("name")), 6, {"overflow": "ellipsis"}, flexible=True),
+    Column("workload", _workload, 12, {"overflow": "fold"}, flexible=True, rank=0),
+    Column("device", lambda r: _cell(r.get("device")), 6, {"overflow": "ellipsis"}, flexible=True),
+    Column("mlflow run id", lambda r: _cell(r.get("mlflow_run_id")), 32),
 ]
 _STORE_DROP_ORDER = ("mlflow run id", "device", "name")
-
-
-def _fit_columns(
-    width: int, columns=_LIST_COLUMNS, drop_order=_LIST_DROP_ORDER
-) -> list[tuple[str, Any, int, dict[str, Any]]]:
-    columns = list(columns)
-    for header in drop_order:
-        if sum(c[2] + 3 for c in columns) <= width:
-            break
-        columns = [c for c in columns if c[0] != header]
-    return columns
-
-
-def _fitted_table(title: str, rows: list[dict[str, Any]], columns, drop_order) -> Table:
-    """``rows`` under the ``columns`` that fit the terminal (dropping those in ``drop_order``
-    first); the flexible columns (with a ratio) share what is left, never more: a long command
-    line in "workload" would otherwise squeeze the run id and status out of sight."""
-    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    columns = _fit_columns(common.out.width, columns, drop_order)
-    slack = max(0, common.out.width - sum(c[2] + 3 for c in columns))
-    ratios = sum(c[3].get("ratio", 0) for c in columns) or 1
-    for header, _, width, kwargs in columns:
-        share = slack * kwargs["ratio"] // ratios if "ratio" in kwargs else None
-        extra = {"max_width": width + share} if share is not None else {}
-        table.add_column(header, no_wrap=True, min_width=width, **kwargs, **extra)
-    for row in rows:
-        table.add_row(*(cell(row) for _, cell, _, _ in columns))
-    return table
 
 
 @runs_app.command("list", help="Stored runs, newest first.")
@@ -228,7 +204,7 @@ def list_runs(
         common.out.print(Text(text, style="dim"), soft_wrap=True)
         return
     title = f"runs ({len(rows)} of {total}, newest first)"
-    common.out.print(_fitted_table(title, rows, _LIST_COLUMNS, _LIST_DROP_ORDER))
+    common.out.print(fitted_table(title, rows, _LIST_COLUMNS, common.out.width, _LIST_DROP_ORDER))
     for bad in damaged:
         common.err.print(Text(bad.message(), style="red"), soft_wrap=True)
 
@@ -257,7 +233,7 @@ def _list_store_runs(limit: int, status: str | None, kind: str | None, json_out:
         else f"the newest {len(rows)}; more in the store"
     )
     title = f"runs in {uri} ({shown})"
-    common.out.print(_fitted_table(title, rows, _STORE_COLUMNS, _STORE_DROP_ORDER))
+    common.out.print(fitted_table(title, rows, _STORE_COLUMNS, common.out.width, _STORE_DROP_ORDER))
 
 
 # ----------------------------------------------------------------------------- show
