@@ -198,3 +198,36 @@ def test_command_record_exists_before_the_slow_start_up(tmp_path, monkeypatch):
     (rec,) = list_records(tmp_path / "runs")
     assert rec.status == "killed"
     assert rec.meta["requested_config"]["command"] == "true --epochs 1"
+
+
+@pytest.mark.parametrize(
+    ("trouble", "expected"),
+    [("full disk", "free space there, or set GPULENS_HOME"), ("NaN", "could not write the run")],
+)
+def test_a_failed_first_save_leaves_no_folder(tmp_path, monkeypatch, trouble, expected):
+    """run.json could not be written at all (a full disk, a value JSON cannot hold): the record
+    folder was left behind without one, half a temporary file in it, for `runs list` and
+    `report` to stumble on. Now nothing is left, and the error is one line naming the fix."""
+    import errno
+
+    from gpulens.errors import GpulensError
+    from gpulens.record import writer as writer_module
+
+    config: dict = {"lr": 0.1}
+    if trouble == "full disk":
+
+        def no_space(fd):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        monkeypatch.setattr(writer_module.os, "fsync", no_space)
+    else:
+        config["lr"] = float("nan")
+    runs = tmp_path / "runs"
+    with pytest.raises(GpulensError) as caught:
+        RunWriter(runs, kind="train", requested_config=config)
+    assert expected in str(caught.value) and "\n" not in str(caught.value)
+    assert list(runs.iterdir()) == []  # no folder, no temporary file
+    monkeypatch.undo()
+    with RunWriter(runs, kind="train", requested_config={"lr": 0.1}) as w:  # the next one works
+        pass
+    assert [r.run_id for r in list_records(runs)] == [w.run_id]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -15,10 +16,11 @@ def gpulens_home() -> Path:
 
 def unwritable_home(where: Path, exc: OSError) -> UsageError:
     """The one line for a gpulens home it cannot write under (a file, read-only, a missing
-    mount): GPULENS_HOME is what to change."""
+    mount, full): GPULENS_HOME is what to change, or the space to free."""
+    free = "free space there, or " if exc.errno in (errno.ENOSPC, errno.EDQUOT) else ""
     return UsageError(
-        f"cannot write under {where} ({exc.strerror or exc}): set GPULENS_HOME to a folder "
-        "you can write (default ~/.gpulens)"
+        f"cannot write under {where} ({exc.strerror or exc}): {free}set GPULENS_HOME to a "
+        "folder you can write (default ~/.gpulens)"
     )
 
 

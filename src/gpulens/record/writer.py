@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -18,6 +19,7 @@ import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from gpulens.errors import RuntimeFailure
 from gpulens.paths import unwritable_home
 from gpulens.record import schema
 from gpulens.record.redact import redact
@@ -40,11 +42,16 @@ def new_run_id() -> str:
 def atomic_write_json(path: Path, data: dict[str, Any]) -> None:
     """Write JSON so that readers see the old or the new file, never half of one."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1, default=_json_default, allow_nan=False)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            json.dump(data, f, indent=1, default=_json_default, allow_nan=False)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a full disk, a value JSON cannot hold: no half file left behind
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
 
 
 def _json_default(obj: Any) -> Any:
@@ -201,7 +208,7 @@ class RunWriter:
         self._series: dict[str, SeriesWriter] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self.save()
+        self._first_save(Path(runs_root))
         self._heartbeat = threading.Thread(target=self._beat, name="gpulens-heartbeat", daemon=True)
         self._heartbeat.start()
 
@@ -221,6 +228,22 @@ class RunWriter:
         with self._lock:
             self.meta["heartbeat_at"] = now_iso()
             atomic_write_json(self.dir / schema.RUN_FILE, self.meta)
+
+    def _first_save(self, runs_root: Path) -> None:
+        """The first ``run.json``, or no folder at all: a folder without one is no record, and
+        ``runs list`` and ``report`` would stumble on it."""
+        try:
+            self.save()
+        except BaseException as exc:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            if isinstance(exc, OSError):  # a full disk, a read-only folder...
+                raise unwritable_home(runs_root, exc) from None
+            if isinstance(exc, (TypeError, ValueError)):  # a value JSON cannot hold (NaN...)
+                raise RuntimeFailure(
+                    f"could not write the run record {self.run_id}: {exc} (a value of its "
+                    "config or environment; report it with the command that made it)"
+                ) from None
+            raise
 
     def _beat(self) -> None:
         while not self._stop.wait(schema.HEARTBEAT_INTERVAL_S):
