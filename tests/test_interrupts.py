@@ -201,7 +201,7 @@ def test_sigterm_ends_the_run_killed_and_exits_143(tmp_path, sigint_ignored):
 
 
 def test_an_ignored_or_someone_elses_sigterm_handler_is_left_alone(installed):
-    assert signal.getsignal(signal.SIGTERM) is interrupts._on_sigint
+    assert signal.getsignal(signal.SIGTERM) is interrupts._on_stop_signal
     interrupts.uninstall()
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     old = signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -222,7 +222,7 @@ def test_sigterm_is_taken_where_sigint_is_ignored(installed):
     try:
         assert interrupts.install()
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
-        assert signal.getsignal(signal.SIGTERM) is interrupts._on_sigint
+        assert signal.getsignal(signal.SIGTERM) is interrupts._on_stop_signal
     finally:
         interrupts.uninstall()
         signal.signal(signal.SIGINT, old)

@@ -25,7 +25,9 @@ from types import FrameType
 _state = {"pending": False, "held": 0, "installed": False, "signal": None}
 
 
-def _on_sigint(signum: int, frame: FrameType | None) -> None:
+def _on_stop_signal(signum: int, frame: FrameType | None) -> None:
+    """The handler of SIGINT and SIGTERM: note the signal (the first says what stopped the
+    run), and raise ``KeyboardInterrupt`` unless inside :func:`held`."""
     _state["pending"] = True
     _state["signal"] = _state["signal"] or signum  # the first one says what stopped the run
     if not _state["held"]:
@@ -41,11 +43,11 @@ def install() -> bool:
     if threading.current_thread() is not threading.main_thread():
         return False
     took = False
-    if signal.getsignal(signal.SIGINT) in (signal.default_int_handler, _on_sigint):
-        signal.signal(signal.SIGINT, _on_sigint)
+    if signal.getsignal(signal.SIGINT) in (signal.default_int_handler, _on_stop_signal):
+        signal.signal(signal.SIGINT, _on_stop_signal)
         took = True
-    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, _on_sigint):
-        signal.signal(signal.SIGTERM, _on_sigint)
+    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, _on_stop_signal):
+        signal.signal(signal.SIGTERM, _on_stop_signal)
         took = True
     if took:
         _state.update(pending=False, held=0, installed=True, signal=None)
@@ -54,9 +56,9 @@ def install() -> bool:
 
 def uninstall() -> None:
     """Python's default handlers again (tests, and a CLI run inside another program)."""
-    if _state["installed"] and signal.getsignal(signal.SIGINT) is _on_sigint:
+    if _state["installed"] and signal.getsignal(signal.SIGINT) is _on_stop_signal:
         signal.signal(signal.SIGINT, signal.default_int_handler)
-    if _state["installed"] and signal.getsignal(signal.SIGTERM) is _on_sigint:
+    if _state["installed"] and signal.getsignal(signal.SIGTERM) is _on_stop_signal:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _state.update(pending=False, held=0, installed=False, signal=None)
 
@@ -72,21 +74,22 @@ def exit_code() -> int:
 
 
 def pending() -> bool:
-    """Whether a SIGINT arrived that has not been raised to the end (it is cleared only by
-    :func:`uninstall`: a run interrupted once stays interrupted)."""
+    """Whether a SIGINT or SIGTERM arrived that has not been raised to the end (it is cleared
+    only by :func:`uninstall`: a run interrupted once stays interrupted)."""
     return bool(_state["pending"])
 
 
 def raise_if_interrupted() -> None:
-    """Raise ``KeyboardInterrupt`` if a SIGINT arrived (one that native code swallowed)."""
+    """Raise ``KeyboardInterrupt`` if a SIGINT or SIGTERM arrived (one that native code
+    swallowed)."""
     if _state["pending"]:
         raise KeyboardInterrupt
 
 
 @contextlib.contextmanager
 def held() -> Iterator[None]:
-    """Within: a SIGINT is noted, not raised (native code cannot lose it or abort on it); on
-    leaving, a noted SIGINT is raised as ``KeyboardInterrupt``."""
+    """Within: a SIGINT or SIGTERM is noted, not raised (native code cannot lose it or abort
+    on it); on leaving, a noted one is raised as ``KeyboardInterrupt``."""
     _state["held"] += 1
     try:
         yield
