@@ -632,6 +632,38 @@ def test_an_old_price_on_the_pick_is_warned_even_when_the_catalog_is_fresh(capsy
     )
 
 
+def test_a_spot_price_above_on_demand_is_warned_not_refused(capsys, tmp_path, small_catalog):
+    """A user catalog's spot price above on-demand (a typo, or a rare market) was taken
+    silently; `advise` still uses it, and warns once naming the file, line and both prices."""
+    small_catalog()
+    extra = tmp_path / "mine.csv"
+    extra.write_text("provider,instance,spot_usd_per_h\naws,g5.xlarge,0.5\naws,p5.48xlarge,60.5\n")
+    found: list[str] = []
+    rows = {r.instance: r for r in cat.load_instances(extra, warnings=found)}
+    assert rows["p5.48xlarge"].spot_usd_per_h == 60.5  # kept as given
+    assert found == [
+        f"instance catalog {extra}, line 3 (aws:p5.48xlarge): spot 60.5 USD/h is above "
+        "on-demand 55.04 USD/h; kept as given (spot rarely costs more: check the row)"
+    ]
+    code, out, err = cli(capsys, "advise", str(SYNTHETIC), "--samples", "1e7", "--spot",
+                         "--catalog", str(extra), "--json")  # fmt: skip
+    assert code == 0, err
+    doc = json.loads(out)
+    assert found[0] in doc["warnings"]
+    assert ("p5.48xlarge", "spot") in {(o["instance"], o["pricing"]) for o in doc["options"]}
+    code, out, err = cli(capsys, "advise", str(SYNTHETIC), "--samples", "1e7", "--spot",
+                         "--catalog", str(extra))  # fmt: skip
+    assert code == 0 and "spot 60.5 USD/h is above on-demand 55.04" in " ".join(err.split())
+
+
+def test_no_bundled_spot_price_is_above_on_demand():
+    assert not [
+        i.instance
+        for i in cat.load_instances()
+        if i.spot_usd_per_h is not None and i.spot_usd_per_h > i.ondemand_usd_per_h
+    ]
+
+
 def test_the_table_shows_every_instance_in_full_in_80_columns(capsys, monkeypatch):
     # The bundled catalog's longest names (Standard_ND96isr_H100_v5) are what a user rents:
     # a narrow terminal must not cut them short.

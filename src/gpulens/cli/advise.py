@@ -243,7 +243,8 @@ def advise(
         raise UsageError(f"{', '.join(given)} only applies to spot servers: add --spot")
     restart_s = DEFAULT_RESTART_S if restart_s is None else restart_s
     SpotParams(checkpoint_s or 0.0, restart_s, revocations_per_h)  # checks them before reading
-    instances = cat.load_instances(catalog, gpu_catalog)
+    catalog_warnings: list[str] = []
+    instances = cat.load_instances(catalog, gpu_catalog, catalog_warnings)
     record = resolve_run(target)
     unfinished = common.unfinished_text(record)  # warned on stderr; the JSON carries it too
     table, skipped = throughput_table(record, instances, config.max_nodes, gpu_catalog)
@@ -253,7 +254,7 @@ def advise(
         spot_params = SpotParams(ckpt, restart_s, revocations_per_h)
     result = advise_job(table, config.total_samples, deadline, budget, spot_params)
     day = cat.catalog_date(instances)
-    warnings = [w for w in [cat.stale_warning(day)] if w]
+    warnings = catalog_warnings + [w for w in [cat.stale_warning(day)] if w]
     if table["loader_bound"].any():
         warnings.append(
             f"run {record.run_id} waited for its data loader: a faster GPU finishes no sooner "

@@ -135,7 +135,8 @@ KEY_COLUMNS = ("provider", "instance")
 REQUIRED = tuple(c for c in COLUMNS if c not in ("note", "revocations_per_h", "source"))
 
 
-def _rows(path: Path, required: tuple[str, ...] = REQUIRED) -> list[dict]:
+def _rows(path: Path, required: tuple[str, ...] = REQUIRED) -> list[tuple[int, dict]]:
+    """The rows of ``path``, each with the line of the file it ends on."""
     require_csv(path, "instance catalog", "--catalog", INSTANCES_PATH)
     try:
         with path.open(newline="", encoding="utf-8") as handle:
@@ -156,7 +157,7 @@ def _rows(path: Path, required: tuple[str, ...] = REQUIRED) -> list[dict]:
                 raise UsageError(
                     f"instance catalog {path} lacks columns {', '.join(missing)}; {what}"
                 )
-            return list(reader)
+            return [(reader.line_num, row) for row in reader]
     except OSError as exc:
         raise UsageError(
             f"cannot read instance catalog {path}: {exc.strerror}; pass an existing CSV "
@@ -178,14 +179,20 @@ def _as_row(inst: Instance) -> dict[str, str]:
     return {k: "" if v is None else str(v) for k, v in asdict(inst).items()}
 
 
-def load_instances(extra: Path | None = None, gpu_catalog: Path | None = None) -> list[Instance]:
+def load_instances(
+    extra: Path | None = None,
+    gpu_catalog: Path | None = None,
+    warnings: list[str] | None = None,
+) -> list[Instance]:
     """The bundled rows, extended (or overridden by provider and instance) by ``extra``, whose
-    rows of instances already in the catalog may give only the columns they change."""
+    rows of instances already in the catalog may give only the columns they change.
+    ``warnings`` gets one line per row of ``extra`` that is allowed but likely a mistake (a
+    spot price above on-demand: it happens in real markets, rarely)."""
     read_gpu_catalog(gpu_catalog)  # its own error first, not as every row's "unknown GPU"
     by_key: dict[tuple[str, str], Instance] = {}
     for path in [INSTANCES_PATH] + ([Path(extra)] if extra is not None else []):
         seen: set[tuple[str, str]] = set()  # one row per instance in a file: no silent pick
-        for row in _rows(path, REQUIRED if path == INSTANCES_PATH else KEY_COLUMNS):
+        for line, row in _rows(path, REQUIRED if path == INSTANCES_PATH else KEY_COLUMNS):
             if _key(row) in seen:
                 raise UsageError(
                     f"instance catalog {path}: {':'.join(_key(row))} is on more than one row; "
@@ -205,7 +212,21 @@ def load_instances(extra: Path | None = None, gpu_catalog: Path | None = None) -
                 )
             inst = _parse(row, path, gpu_catalog)
             by_key[(inst.provider, inst.instance)] = inst
+            if warnings is not None and path != INSTANCES_PATH:
+                warnings += [w for w in [spot_above_ondemand(inst, path, line)] if w]
     return list(by_key.values())
+
+
+def spot_above_ondemand(inst: Instance, path: Path, line: int) -> str | None:
+    """A warning naming the row when its spot price is above its on-demand price; None else."""
+    spot, ondemand = inst.spot_usd_per_h, inst.ondemand_usd_per_h
+    if spot is None or spot <= ondemand:
+        return None
+    return (
+        f"instance catalog {path}, line {line} ({inst.provider}:{inst.instance}): spot "
+        f"{spot:g} USD/h is above on-demand {ondemand:g} USD/h; kept as given (spot rarely "
+        "costs more: check the row)"
+    )
 
 
 def instances_frame(instances: list[Instance]) -> pd.DataFrame:
