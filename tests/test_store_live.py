@@ -198,3 +198,63 @@ def test_a_script_with_its_own_mlflow_run_gets_the_record_in_it(tmp_path, how):
     assert client.get_metric_history(user_run_id, "system/cpu_utilization_percentage")
     everything = client.search_runs([e.experiment_id for e in client.search_experiments()])
     assert [r.info.run_id for r in everything] == [user_run_id]
+
+
+def _follow_until_live(tmp_path, client, uri, writers) -> list:
+    """Follow this process's records until each has been logged live, discard them all, and
+    let the follower make its last pass; the live MLflow runs of their own they had."""
+    import os
+    import threading
+
+    from gpulens.store.live import follow
+
+    stop = threading.Event()
+    thread = threading.Thread(
+        target=follow, args=(tmp_path / "runs", os.getpid(), time.time() - 1, 0.2, stop)
+    )
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and thread.is_alive():
+            if all((w.dir / mlflow_sink.SIDECAR_FILE).exists() for w in writers):
+                break  # each logged live
+            time.sleep(0.2)
+        with store_lock(uri):
+            live = client.search_runs(
+                [e.experiment_id for e in client.search_experiments()],
+                filter_string="tags.`gpulens.live` = 'true'",
+            )
+        assert live and {r.info.status for r in live} == {"RUNNING"}
+        assert all(w.discard() for w in writers)
+    finally:
+        stop.set()
+        thread.join(timeout=60)
+    return live
+
+
+def test_a_discarded_record_leaves_no_live_run_running(tmp_path, monkeypatch):
+    """A run refused before it measured anything removes its record (RunWriter.discard), but
+    the live MLflow run the follower had started for it stayed RUNNING for ever. The follower
+    now ends (FAILED) and deletes it; a user's run (MLFLOW_RUN_ID) is left as it was, both
+    the parent of a live run and the run a plain record logs its points into."""
+    from gpulens.record.writer import RunWriter
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    client = mlflow.MlflowClient(uri)
+    runs = tmp_path / "runs"
+    (live,) = _follow_until_live(tmp_path, client, uri, [RunWriter(runs, kind="train")])
+    run = client.get_run(live.info.run_id)
+    assert run.info.status == "FAILED" and run.info.lifecycle_stage == "deleted"
+
+    exp = client.create_experiment("mine", artifact_location=(tmp_path / "art").as_uri())
+    user_run_id = client.create_run(exp, run_name="my-training").info.run_id
+    monkeypatch.setenv("MLFLOW_RUN_ID", user_run_id)
+    child = RunWriter(runs, kind="train", role="stalls:cached")  # a child run of the user's
+    plain = RunWriter(runs, kind="train")  # its points go into the user's run
+    (live,) = _follow_until_live(tmp_path, client, uri, [child, plain])
+    run = client.get_run(live.info.run_id)
+    assert run.data.tags["gpulens.run_id"] == child.run_id
+    assert run.info.status == "FAILED" and run.info.lifecycle_stage == "deleted"
+    user_run = client.get_run(user_run_id)
+    assert user_run.info.status == "RUNNING" and user_run.info.lifecycle_stage == "active"

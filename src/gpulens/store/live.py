@@ -9,7 +9,9 @@ created RUNNING and tagged ``gpulens.live``, or the user's run (``MLFLOW_RUN_ID`
 the end-of-run logging chooses. How far it got is kept in the record's sidecar
 (``mlflow.json``, ``live``); when the run has ended, :func:`gpulens.store.mlflow_sink.log_record`
 completes that same MLflow run (params, summary, the rest of the series, the record as
-artifacts) instead of making another.
+artifacts) instead of making another. A record removed before it ended (a run refused before
+it measured anything: :meth:`gpulens.record.writer.RunWriter.discard`) has its live MLflow run
+ended and deleted, so that none is left RUNNING for a run that never ran.
 
 ``GPULENS_MLFLOW_LIVE_S`` sets the interval (default 10 s, MLflow's own system-metrics period);
 ``0`` turns live logging off. A store that does not answer within 2 s at the start turns it off
@@ -81,12 +83,14 @@ class Follower:
         self.max_points = max(1, int(round(interval_s)))  # about 1 point/s per series
         self.done: set[str] = set()
         self.started: set[str] = set()  # records with a live MLflow run
+        self.tried: set[str] = set()  # records that may have one (a push began)
 
     def push(self, record_dir: Path) -> None:
         from gpulens.record.reader import read_record
 
         if record_dir.name in self.done:
             return
+        self.tried.add(record_dir.name)
         record = read_record(record_dir)
         ended = record.status != schema.STATUS_RUNNING
         until = None if ended else time.time() - SETTLE_S
@@ -94,6 +98,59 @@ class Follower:
         self.started.add(record_dir.name)
         if ended:
             self.done.add(record_dir.name)
+
+    def sweep(self, runs_root: Path, owner_pid: int, since_unix_s: float, last: bool) -> None:
+        """One pass: push each record ``owner_pid`` opened, then end the live MLflow runs of
+        those removed before they ended. ``last``: records never pushed are left to the
+        end-of-run log (a run shorter than one interval: it does it all)."""
+        for record_dir in owned_records(runs_root, owner_pid, since_unix_s):
+            if last and record_dir.name not in self.started:
+                continue
+            try:
+                self.push(record_dir)
+            except Exception as exc:  # live logging is a courtesy; the end-of-run log is not
+                if (record_dir / schema.RUN_FILE).exists():  # else: discarded meanwhile
+                    log.warning("live MLflow logging of %s: %s", record_dir.name, exc)
+        for name in sorted(self.tried - self.done):
+            if (runs_root / name / schema.RUN_FILE).exists():
+                continue
+            self.done.add(name)
+            try:
+                discard_live(self.uri, self.experiment, name)
+            except Exception as exc:
+                log.warning("could not end the live MLflow run of discarded %s: %s", name, exc)
+
+
+def discard_live(tracking_uri: str, experiment: str, run_id: str) -> list[str]:
+    """End (FAILED) and delete the live MLflow runs of record ``run_id`` (its own runs, tagged
+    ``gpulens.live``; a user's run it logged into stays theirs); their ids."""
+    from gpulens.store.availability import mlflow_http_limits, store_lock
+    from gpulens.store.mlflow_sink import import_mlflow
+
+    mlflow = import_mlflow()
+    with mlflow_http_limits(), store_lock(tracking_uri):
+        client = mlflow.MlflowClient(tracking_uri=tracking_uri)
+        found = client.get_experiment_by_name(experiment)
+        experiment_ids = {found.experiment_id} if found is not None else set()
+        user_run_id = os.environ.get("MLFLOW_RUN_ID", "").strip()
+        if user_run_id:  # live runs are its children, in its experiment
+            try:
+                experiment_ids.add(client.get_run(user_run_id).info.experiment_id)
+            except Exception as exc:
+                log.debug("MLFLOW_RUN_ID=%s: %s", user_run_id, exc)
+        if not experiment_ids:
+            return []
+        safe = run_id.replace("'", "")
+        runs = client.search_runs(
+            sorted(experiment_ids),
+            filter_string=f"tags.`gpulens.run_id` = '{safe}' AND tags.`gpulens.live` = 'true'",
+        )
+        for run in runs:
+            if run.info.status == "RUNNING":
+                client.set_terminated(run.info.run_id, status="FAILED")
+            client.delete_run(run.info.run_id)
+            log.info("deleted the live MLflow run %s of discarded %s", run.info.run_id, run_id)
+        return [run.info.run_id for run in runs]
 
 
 def follow(
@@ -112,13 +169,7 @@ def follow(
     follower = Follower(uri, default_experiment(), interval_s)
     while True:
         last = stop.wait(interval_s)
-        for record_dir in owned_records(runs_root, owner_pid, since_unix_s):
-            if last and record_dir.name not in follower.started:
-                continue  # a run shorter than one interval: the end-of-run log does it all
-            try:
-                follower.push(record_dir)
-            except Exception as exc:  # live logging is a courtesy; the end-of-run log is not
-                log.warning("live MLflow logging of %s: %s", record_dir.name, exc)
+        follower.sweep(runs_root, owner_pid, since_unix_s, last)
         if last:
             return
 
