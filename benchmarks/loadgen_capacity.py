@@ -10,6 +10,13 @@ whether the target held. On a 2-core machine the server takes one core, the gene
     /work/venv/bin/python benchmarks/loadgen_capacity.py --rate 5000 --duration 10
     /work/venv/bin/python benchmarks/loadgen_capacity.py --rate 1000,2000,5000 --json out.json
     /work/venv/bin/python benchmarks/loadgen_capacity.py --client aiohttp --rate 2000,3000
+
+The generator's own CPU (process CPU seconds / wall seconds of the run, the server being in
+another process) is in each result: at a modest rate it should be a small share of a core,
+or it competes with a CPU server on the same machine. ``--server identity`` drives
+``gpulens serve --model identity --device cpu`` instead of the canned server:
+
+    /work/venv/bin/python benchmarks/loadgen_capacity.py --server identity --rate 200,1000
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import json
 import multiprocessing
 import os
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -96,13 +104,54 @@ def serve(sock: socket.socket) -> None:
     asyncio.run(main())
 
 
+def serve_identity() -> tuple[subprocess.Popen, str]:
+    """``gpulens serve --model identity --device cpu`` on a free port, pinned like the canned
+    server (the last core), once it answers."""
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1] / "src"))
+    cmd = [sys.executable, "-m", "gpulens.cli", "serve", "--model", "identity", "--device",
+           "cpu", "--port", str(port), "--no-store"]  # fmt: skip
+    cores = os.cpu_count() or 1
+    pin = None
+    if hasattr(os, "sched_setaffinity") and cores >= 2:
+
+        def pin() -> None:
+            os.sched_setaffinity(0, {cores - 1})
+
+    proc = subprocess.Popen(cmd, env=env, preexec_fn=pin, stdout=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"gpulens serve exited with {proc.returncode}")
+        try:
+            urllib.request.urlopen(f"{url}/v2/models/identity", timeout=1).read()
+            return proc, url
+        except OSError:
+            time.sleep(0.5)
+    proc.terminate()
+    raise SystemExit("gpulens serve did not answer within 120 s")
+
+
 def one_rate(
-    url: str, rate: float, duration: float, warmup: float, seed: int, client: str = "auto"
+    url: str,
+    rate: float,
+    duration: float,
+    warmup: float,
+    seed: int,
+    client: str = "auto",
+    model: str = "tiny",
+    arrival: str = "poisson",
 ) -> dict:
     from gpulens.serve.load_config import LoadConfig, TenantSpec
     from gpulens.serve.loadgen import run_load
 
-    cfg = LoadConfig(url=url, tenants=(TenantSpec("tiny", rate),), duration_s=duration,
+    tenant = TenantSpec(model, rate, arrival=arrival)
+    cfg = LoadConfig(url=url, tenants=(tenant,), duration_s=duration,
                      warmup_s=warmup, seed=seed, client=client)  # fmt: skip
     t0 = time.process_time()
     wall0 = time.perf_counter()
@@ -113,6 +162,7 @@ def one_rate(
     late = doc["loadgen_lateness_ms"]
     return {
         "rate_rps": rate,
+        "arrival": arrival,
         "scheduled_rate_rps": t["scheduled_rate_rps"],
         "achieved_rate_rps": t["achieved_rate_rps"],
         "achieved_fraction": round(t["achieved_rate_rps"] / t["scheduled_rate_rps"], 4),
@@ -122,6 +172,9 @@ def one_rate(
         "latency_ms": t["latency_ms"],
         "errors": t["errors"],
         "generator_cpu_pct_of_core": round(100 * cpu_s / wall_s, 1),
+        "generator_cpu_s": round(cpu_s, 3),
+        "wall_s": round(wall_s, 3),
+        "generator_limited": doc["generator_limited"],
         "target_held": bool(late["p99"] is not None and late["p99"] < 1.0
                             and t["achieved_rate_rps"] >= 0.98 * t["scheduled_rate_rps"]),
     }  # fmt: skip
@@ -134,23 +187,35 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--client", default="auto", help="auto/raw (gpulens's own) or aiohttp")
+    parser.add_argument("--arrival", default="poisson", help="poisson or constant")
+    parser.add_argument("--server", default="canned",
+                        help="canned (a minimal server in this script) or identity "
+                             "(gpulens serve --model identity --device cpu)")  # fmt: skip
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
 
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(4096)
-    port = sock.getsockname()[1]
-    server = multiprocessing.get_context("fork").Process(target=serve, args=(sock,), daemon=True)
-    server.start()
-    sock.close()
+    if args.server == "identity":
+        server, url = serve_identity()
+        model = "identity"
+    elif args.server == "canned":
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(4096)
+        port = sock.getsockname()[1]
+        ctx = multiprocessing.get_context("fork")
+        server = ctx.Process(target=serve, args=(sock,), daemon=True)
+        server.start()
+        sock.close()
+        url, model = f"http://127.0.0.1:{port}", "tiny"
+    else:
+        parser.error("--server: canned or identity")
     if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) >= 2:
         os.sched_setaffinity(0, {0})
-    url = f"http://127.0.0.1:{port}"
     results = []
     try:
         for rate in [float(r) for r in args.rate.split(",")]:
-            r = one_rate(url, rate, args.duration, args.warmup, args.seed, args.client)
+            r = one_rate(url, rate, args.duration, args.warmup, args.seed, args.client, model,
+                         args.arrival)  # fmt: skip
             results.append(r)
             verdict = "HELD" if r["target_held"] else "NOT HELD"
             print(
@@ -159,13 +224,18 @@ def main() -> int:
                 f"lateness p50 {r['lateness_ms_p50']:.3f} ms p99 {r['lateness_ms_p99']:.3f} ms "
                 f"max {r['lateness_ms_max']:.1f} ms, latency p50 {r['latency_ms']['p50']} ms "
                 f"p99 {r['latency_ms']['p99']} ms, errors {r['errors']['count']}, generator CPU "
-                f"{r['generator_cpu_pct_of_core']}% of a core -> p99 lateness < 1 ms: {verdict}",
+                f"{r['generator_cpu_pct_of_core']}% of a core, generator_limited "
+                f"{r['generator_limited']} -> p99 lateness < 1 ms: {verdict}",
                 flush=True,
             )
     finally:
         server.terminate()
-        server.join(5)
+        if args.server == "identity":
+            server.wait(10)
+        else:
+            server.join(5)
     doc = {"benchmark": "loadgen_capacity", "cpus": os.cpu_count(), "client": args.client,
+           "server": args.server, "arrival": args.arrival,
            "python": sys.version.split()[0], "results": results}  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps(doc, indent=1))
