@@ -43,10 +43,10 @@ from gpulens.serve.load_report import (
     NOT_DONE,
     LoadRecords,
 )
+from gpulens.serve.wakeup import due_timer
 
 log = logging.getLogger(__name__)
 
-SPIN_S = 0.002  # sleep until this close to the next arrival, then yield-spin to it
 PROGRESS_EVERY_S = 0.5
 ProgressFn = Callable[[int, int], None]
 
@@ -217,26 +217,32 @@ class _Driver:
         self.started = i + 1
 
     async def open_loop(self, times: np.ndarray, owners: np.ndarray, on_start=None) -> None:
+        """Send each request at its scheduled time: wait (never spin) until the next one is
+        due, then send every request whose time has come."""
         self._reserve(times, owners)
         sched, n, clock = self.sched, len(self.sched), time.perf_counter
+        timer = due_timer()
         i = 0
         self.t0 = clock()
         if on_start is not None:
             on_start()
-        while i < n:
-            now = clock() - self.t0
-            due = sched[i]
-            if due > now:
-                gap = due - now
-                await asyncio.sleep(gap - SPIN_S if gap > 2 * SPIN_S else 0)
-                continue
-            while i < n and sched[i] <= now:
-                self._start(i)
-                i += 1
-            # behind schedule, the next request is due already: still let the loop read the
-            # responses (and open connections) between bursts, or none completes until the
-            # whole schedule has left and every latency becomes the generator's backlog
-            await asyncio.sleep(0)
+        try:
+            while i < n:
+                now = clock() - self.t0
+                if sched[i] > now:
+                    await timer.wait_until(self.t0 + sched[i])
+                    continue
+                while i < n and sched[i] <= now:
+                    self._start(i)
+                    i += 1
+                if i < n and sched[i] <= clock() - self.t0:
+                    # behind schedule, the next request is due already: still let the loop
+                    # read the responses (and open connections) between bursts, or none
+                    # completes until the whole schedule has left and every latency becomes
+                    # the generator's backlog
+                    await asyncio.sleep(0)
+        finally:
+            timer.close()
 
     async def closed_loop(self, total_s: float, on_start=None, concurrency: int = 1) -> None:
         """A closed loop until ``total_s``: ``concurrency`` requests outstanding per tenant,
