@@ -490,6 +490,9 @@ def test_builtin_jobs_on_the_cpu_with_poisson_requests(tmp_path):
     lost = 100 * (infer["slo_attainment_alone"] - infer["slo_attainment"])
     assert infer["slo_attainment_lost_pp"] == pytest.approx(lost)
     assert "slo_ms" not in train  # training jobs have no SLO columns
+    # each job's throughput in what it counts: training samples, inference requests (batch 1)
+    assert [j["throughput_unit"] for j in doc["jobs"]] == ["samples/s", "requests/s"]
+    assert (train["throughput_unit"], infer["throughput_unit"]) == ("samples/s", "requests/s")
 
 
 def test_slo_attainment_counts_latencies_within_the_target():
@@ -507,6 +510,54 @@ def test_slo_attainment_counts_latencies_within_the_target():
         parse_job("tiny_cnn:slo_ms=25")
     with pytest.raises(UsageError, match="slo_ms"):
         parse_job("infer:tiny_cnn:slo_ms=fast")
+
+
+def test_each_job_s_throughput_is_labelled_with_what_it_counts():
+    """A training job counts samples, an inference tenant requests (samples when a request
+    holds a batch), a cmd: job whole runs: the tables once called all three samples/s."""
+    import io
+
+    from rich.console import Console
+
+    from gpulens.colocate.metrics import throughput_units
+    from gpulens.report.colocate import render_colocate
+
+    units = {text: parse_job(text).throughput_unit for text in (
+        "tiny_cnn:batch=8", "infer:tiny_cnn:batch=1,rate=20", "infer:tiny_cnn:batch=4",
+        "serve:identity:rate=10", "cmd:python train.py")}  # fmt: skip
+    assert units == {
+        "tiny_cnn:batch=8": "samples/s",
+        "infer:tiny_cnn:batch=1,rate=20": "requests/s",
+        "infer:tiny_cnn:batch=4": "samples/s",
+        "serve:identity:rate=10": "requests/s",
+        "cmd:python train.py": "runs/s",
+    }
+    jobs = [("tiny_cnn", "train:tiny_cnn:batch=8", "train", 412.5, 300.0, 0.02, 0.019),
+            ("infer-tiny_cnn", "infer:tiny_cnn:batch=1,rate=20", "infer", 20.0, 19.5, 0.01,
+             0.009),
+            ("python", "cmd:python train.py", "cmd", 0.25, 0.125, 4.0, 8.0)]  # fmt: skip
+    doc = {
+        "jobs": [{"name": n, "key": k, "kind": kind, "throughput_alone": a,
+                  "batch_size": {"train": 8, "infer": 1}.get(kind),
+                  "throughput_unit": parse_job(k).throughput_unit} for n, k, kind, a, *_ in jobs],
+        "results": [_result("time-slice", "default", jobs)], "recommendation": "time-slice",
+        "duration_s": 3.0, "device": "cpu",
+    }  # fmt: skip
+    console = Console(file=io.StringIO(), width=80, record=True)
+    render_colocate(console, doc)
+    text = console.export_text()
+    assert "…" not in text and max(len(line) for line in text.splitlines()) <= 80
+    # the figure, then its unit; a cmd: job's few runs/s with two significant digits
+    for figure in ("412.5  samples/s", "20.0  requests/s", "0.25  runs/s",  # alone
+                   "300.0  samples/s", "19.5  requests/s", "0.12  runs/s"):  # fmt: skip
+        assert figure in text, figure
+    headers = [line for line in text.splitlines() if line.startswith(("job ", "mechanism /"))]
+    assert len(headers) == 2 and all("throughput  unit" in h for h in headers), headers
+    # a document stored before jobs carried the unit: from the job's kind and batch
+    for j in doc["jobs"]:
+        del j["throughput_unit"]
+    assert throughput_units(doc) == {"tiny_cnn": "samples/s", "infer-tiny_cnn": "requests/s",
+                                     "python": "runs/s"}  # fmt: skip
 
 
 def _column(text: str, header: str, start: str, end: str) -> str:

@@ -128,6 +128,24 @@ def test_colocate_figures_give_each_job_and_mechanism_its_slowdown():
             assert value == pytest.approx(stored["slowdown"])
     fairness = next(t for t in combined.data if t.name == "Jain fairness")
     assert list(fairness.y) == [r["jain_fairness"] for r in doc["results"]]
+    assert bars.layout.yaxis.title.text == "samples/s"  # two training jobs: one unit
+
+
+def test_colocate_figures_name_each_job_s_throughput_unit():
+    """Training (samples/s), an inference tenant (requests/s) and a command (runs/s) on one
+    chart: the unit is each trace's, and the axis does not claim one for all."""
+    doc = json.loads(COLOCATE.read_text())["result"]
+    train, other = doc["jobs"][:2]
+    other.update(kind="cmd", batch_size=None)  # a record from before the unit field
+    for r in doc["results"]:
+        r["jobs"] = [j for j in r["jobs"] if j["name"] in (train["name"], other["name"])]
+    doc["jobs"] = [train, other]
+    bars = figures.colocate_figures(doc)[0]
+    names = {t.name for t in bars.data}
+    assert f"{train['name']} together (samples/s)" in names
+    assert f"{other['name']} together (runs/s)" in names
+    assert f"{other['name']} alone (runs/s)" in names
+    assert "samples/s" not in bars.layout.yaxis.title.text
 
 
 def test_comparison_marks_differences_beyond_the_intervals():

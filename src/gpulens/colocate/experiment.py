@@ -148,6 +148,7 @@ class ColocateExperiment:
             jobs.append({
                 "name": job.name, "key": job.key, "kind": job.kind,
                 "throughput_alone": a.get("throughput"), "throughput_together": together,
+                "throughput_unit": job.throughput_unit,
                 "slowdown": slowdown(a.get("throughput"), together),
                 "throughput_alone_ci95_pct": a.get("throughput_ci95_pct"),
                 "throughput_together_ci95_pct": t.get("throughput_ci95_pct")
@@ -407,6 +408,7 @@ class ColocateExperiment:
         return {
             **job.to_dict(),
             "throughput_alone": a.get("throughput"),
+            "throughput_unit": job.throughput_unit,
             "throughput_alone_ci95_pct": a.get("throughput_ci95_pct"),
             "step_time_p50_alone_s": a.get("step_time_p50_s"),
             "step_time_p99_alone_s": a.get("step_time_p99_s"),

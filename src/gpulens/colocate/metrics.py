@@ -7,6 +7,8 @@ import logging
 import math
 from typing import Any
 
+from gpulens.workloads.jobspec import throughput_unit
+
 log = logging.getLogger(__name__)
 
 
@@ -108,3 +110,14 @@ def slo_fields(slo_ms: float | None, alone: float | None, together: float | None
     lost = 100.0 * (alone - together) if alone is not None and together is not None else None
     return {"slo_ms": slo_ms, "slo_attainment_alone": alone, "slo_attainment": together,
             "slo_attainment_lost_pp": lost}  # fmt: skip
+
+
+def throughput_units(doc: dict[str, Any]) -> dict[str, str]:
+    """Each job's throughput unit by name (samples/s, requests/s, runs/s) from a colocate
+    document; a document written before jobs carried ``throughput_unit`` gets it from the
+    job's kind and batch."""
+    return {
+        str(j.get("name")): j.get("throughput_unit")
+        or throughput_unit(j.get("kind") or "train", j.get("batch_size"))
+        for j in doc.get("jobs") or []
+    }

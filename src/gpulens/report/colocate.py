@@ -9,11 +9,28 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from gpulens.colocate.metrics import throughput_units
 from gpulens.report.terminal import COMPACT
 
 
 def _num(value: Any, fmt: str = "{:,.1f}") -> str:
     return "[dim]n/a[/dim]" if value is None else fmt.format(value)
+
+
+def _rate(value: float | None) -> str:
+    """A throughput: one decimal, or two significant digits below 1 (a command's runs/s)."""
+    if value is None:
+        return "[dim]n/a[/dim]"
+    return f"{value:,.1f}" if abs(value) >= 1 else f"{value:.2g}"
+
+
+def _throughput(value: float | None, unit: str | None, shared: str | None) -> dict[str, Any]:
+    """A job's throughput cells: under its unit when every job counts the same thing, else
+    the figure and its unit side by side (training counts samples, an inference tenant
+    requests, a cmd: job whole runs)."""
+    if shared:
+        return {shared: _rate(value)}
+    return {"throughput": _rate(value), "unit": Text(unit or "")}
 
 
 def _ms(value_s: float | None) -> str:
@@ -31,19 +48,21 @@ def render_colocate(console: Console, doc: dict[str, Any]) -> None:
     width = max(len(str(j["name"])) for j in doc["jobs"])
     for j in doc["jobs"]:
         console.print(Text.assemble(f"  {str(j['name']):<{width}}  ", (str(j["key"]), "dim")))
+    units = throughput_units(doc)
+    shared = next(iter(units.values())) if len(set(units.values())) == 1 else None
     alone_rows = []
     for j in doc["jobs"]:
         mem = j.get("peak_mem_bytes")
         alone_rows.append({
             "job": Text(str(j["name"])),
-            "samples/s": _num(j.get("throughput_alone")),
+            **_throughput(j.get("throughput_alone"), units.get(str(j["name"])), shared),
             "p50 ms": _ms(j.get("step_time_p50_alone_s")),
             "p99 ms": _ms(j.get("step_time_p99_alone_s")),
             "mem GiB": _num(mem / 2**30 if mem else None, "{:.2f}"),
             "J/sample": _num(j.get("energy_per_sample_alone_j"), "{:.3f}"),
         })  # fmt: skip
     console.print(_table("alone (p50/p99: step time, or latency of inference)", alone_rows,
-                         left=("job",)))  # fmt: skip
+                         left=("job", "unit")))  # fmt: skip
     groups, rows, not_measured = [], [], []
     for r in doc["results"]:
         if r["status"] != "ok":  # one line each below the tables: an error fits no column
@@ -59,12 +78,13 @@ def render_colocate(console: Console, doc: dict[str, Any]) -> None:
             "J/sample": _num(r.get("energy_per_sample_j"), "{:.3f}"),
             "SM %": _num(r.get("sm_activity_pct"), "{:.0f}"),
         })  # fmt: skip
-        rows.append({"mechanism / job": Text(label, style="bold"), "samples/s": "",
+        blank = dict.fromkeys(_throughput(None, None, shared), "")
+        rows.append({"mechanism / job": Text(label, style="bold"), **blank,
                      "slowdown": "", "p50 ms": "", "p99 ms": ""})  # fmt: skip
         for i, j in enumerate(r["jobs"]):
             rows.append({
                 "mechanism / job": Text("  " + str(j["name"])),
-                "samples/s": _num(j.get("throughput_together")),
+                **_throughput(j.get("throughput_together"), units.get(str(j["name"])), shared),
                 "slowdown": _num(j.get("slowdown"), "{:.2f}x"),
                 "p50 ms": _ms(j.get("step_time_p50_s")), "p99 ms": _ms(j.get("step_time_p99_s")),
                 "_end": i == len(r["jobs"]) - 1,
@@ -72,7 +92,7 @@ def render_colocate(console: Console, doc: dict[str, Any]) -> None:
     if groups:
         console.print(_table("together: each mechanism (aggregate: the sum of together/alone)",
                              groups, left=("mechanism",)))  # fmt: skip
-        console.print(_table("together: each job", rows, left=("mechanism / job",)))
+        console.print(_table("together: each job", rows, left=("mechanism / job", "unit")))
     for r in not_measured:
         error = str(r.get("error") or "not measured")
         status = "" if error.startswith(str(r["status"])) else f"{r['status']}: "

@@ -14,6 +14,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from gpulens.colocate.metrics import throughput_units
+
 # Above this many points a line is drawn with WebGL, and step bars are averaged into bins.
 WEBGL_POINTS = 5000
 MAX_STEP_BARS = 600
@@ -245,19 +247,26 @@ def colocate_figures(doc: dict[str, Any]) -> list[go.Figure]:
     jobs = [j["name"] for j in doc.get("jobs") or []] or [j["name"] for j in results[0]["jobs"]]
     by = {(lab, j["name"]): j for lab, r in zip(labels, results, strict=True) for j in r["jobs"]}
     alone = {j["name"]: j.get("throughput_alone") for j in doc.get("jobs") or []}
+    # each job in its own unit (training samples/s, inference requests/s, a command runs/s)
+    units = throughput_units(doc)
+    one_unit = units.get(jobs[0]) if len({units.get(job) for job in jobs}) == 1 else None
     bars = go.Figure()
     for job in jobs:
+        unit = units.get(job) or "per s"
         bars.add_trace(go.Bar(
             x=labels, y=[(by.get((lab, job)) or {}).get("throughput_together") for lab in labels],
-            name=f"{job} together",
+            name=f"{job} together ({unit})",
+            hovertemplate=f"%{{y:,.2f}} {unit}",
         ))  # fmt: skip
         if alone.get(job):
             bars.add_trace(go.Scatter(
                 x=labels, y=[alone[job]] * len(labels), mode="lines+markers",
-                line={"dash": "dot"}, name=f"{job} alone",
+                line={"dash": "dot"}, name=f"{job} alone ({unit})",
+                hovertemplate=f"%{{y:,.2f}} {unit}",
             ))  # fmt: skip
     bars.update_layout(title="throughput alone and together", barmode="group",
-                       yaxis_title="samples/s", height=420, **LAYOUT)  # fmt: skip
+                       yaxis_title=one_unit or "throughput (each job's unit in the legend)",
+                       height=420, **LAYOUT)  # fmt: skip
     z = [[(by.get((lab, job)) or {}).get("slowdown") for lab in labels] for job in jobs]
     heat = go.Figure(go.Heatmap(
         z=z, x=labels, y=jobs, colorscale="Reds", zmin=1.0, colorbar={"title": "slowdown x"},

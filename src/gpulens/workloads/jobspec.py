@@ -14,6 +14,9 @@ Job syntax (parsed by :func:`parse_job`):
   scheduled arrival; ``arrivals=poisson`` as for infer:, ``batch`` samples per request): a
   served tenant beside the other jobs, as its own process (time-slicing, MPS, MIG; not streams)
 - ``cmd:python train.py --epochs 1``: any command; its throughput is runs per second (1/wall)
+- what each job's throughput counts is its ``throughput_unit``: samples/s for training (steps
+  x batch), requests/s for infer: and serve: tenants (samples/s when batch > 1, as each
+  request then holds that many samples), runs/s for cmd:
 - every built-in job takes ``name=...``; a name must be unique within one experiment
 - ':' separates the options as well as ',' (``serve:resnet50:rate=100:slo_ms=50``, as
   ``gpulens load --tenant`` is written), and ``arrival=`` is read as ``arrivals=``
@@ -39,6 +42,17 @@ KINDS = ("train", "infer", "cmd", "serve")
 SERVING_KINDS = ("infer", "serve")
 PRECISIONS = ("fp32", "bf16", "fp16")
 ARRIVALS = ("constant", "poisson")
+
+
+def throughput_unit(kind: str, batch_size: int | None = None) -> str:
+    """What a job's throughput counts, per second: a training job's samples (steps x batch),
+    an inference or served tenant's requests (its samples when a request holds several), a
+    ``cmd:`` job's whole runs (1 / its wall time)."""
+    if kind == "cmd":
+        return "runs/s"
+    if kind in SERVING_KINDS:
+        return "requests/s" if (batch_size or 1) == 1 else "samples/s"
+    return "samples/s"
 
 
 @dataclass(frozen=True)
@@ -116,6 +130,10 @@ class JobSpec:
         """Whether the job is a loop of colocate's own (train, infer): it can share a process
         and its streams with other such jobs, and its peak memory is measured."""
         return self.kind in ("train", "infer")
+
+    @property
+    def throughput_unit(self) -> str:
+        return throughput_unit(self.kind, self.batch_size)
 
     @property
     def key(self) -> str:
