@@ -438,6 +438,29 @@ def test_a_failing_cmd_job_fails_its_runs_and_the_experiment(tmp_path):
     assert stored.status == "failed" and stored.result().role == "colocate:experiment"
 
 
+def test_a_cmd_job_s_wall_time_ends_when_it_does_not_when_it_is_reaped(tmp_path):
+    """Together, the group reaps commands one after another (and only after the built-in
+    jobs' window): a short command listed after a longer one was timed until the longer one
+    ended (sleep 2 beside a 3 s window: 2.0 s alone, 5.8 s together, a false 2.9x slowdown)."""
+    from gpulens.colocate import run_colocate
+
+    config = ColocateConfig(
+        jobs=[parse_job("cmd:sleep 1"), parse_job("cmd:true")],
+        mechanisms=("time-slice",),
+        device="cpu",
+        duration_s=0.5,
+        warmup_s=0,
+    )
+    doc = run_colocate(config, None)
+    (result,) = doc["results"]
+    assert result["status"] == "ok", result.get("error")
+    long, short = result["jobs"]
+    assert long["step_time_p50_s"] >= 1.0
+    # `true` ends at once: its wall time is its own, well below the sleep it was reaped after
+    assert short["step_time_p50_s"] < long["step_time_p50_s"] - 0.5
+    assert short["throughput_together"] == pytest.approx(1 / short["step_time_p50_s"])
+
+
 def test_colocate_record_exists_before_the_slow_start_up(tmp_path, monkeypatch):
     """Killed while importing torch or starting NVML: a record marked killed is left."""
     from gpulens.colocate import run_colocate

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,6 +71,21 @@ def kill_all(popens: list[subprocess.Popen]) -> None:
                 os.killpg(p.pid, signal.SIGTERM)
     for p in popens:
         reap(p, grace_s=KILL_GRACE_S)
+
+
+def exit_clock(popen: subprocess.Popen) -> list[float]:
+    """A list that gets ``time.perf_counter()`` at the moment ``popen`` exits (a thread waits
+    for it): a ``cmd:`` job's wall time ends when the command does, not when the group gets
+    round to reaping it, after the built-in jobs' window or a longer command."""
+    ended: list[float] = []
+
+    def watch() -> None:
+        with contextlib.suppress(Exception):
+            popen.wait()
+        ended.append(time.perf_counter())
+
+    threading.Thread(target=watch, name=f"cmd-exit-{popen.pid}", daemon=True).start()
+    return ended
 
 
 def stderr_path(logf: Path) -> Path:
@@ -179,16 +195,20 @@ def run_group(
                             death_signal=signal.SIGTERM, own_group=True,
                         )  # fmt: skip
                     started.append(cp)
-                    cmd_popens.append((p, cp, time.perf_counter(), logf))
+                    cmd_popens.append((p, cp, time.perf_counter(), exit_clock(cp), logf))
                 limit = time.monotonic() + duration_s + max(60.0, duration_s)
                 for _, po, _, _, _ in builtin:
                     po.wait(timeout=max(1.0, limit - time.monotonic()))
                 cmd_limit = None if command_timeout_s is None else \
                     time.monotonic() + command_timeout_s  # fmt: skip
-                for p, cp, t0, logf in cmd_popens:
+                for p, cp, t0, ended, logf in cmd_popens:
                     timeout = None if cmd_limit is None else max(1.0, cmd_limit - time.monotonic())
                     rc = cp.wait(timeout=timeout)
-                    wall = time.perf_counter() - t0
+                    for _ in range(100):  # the watcher notes the exit just after wait() sees it
+                        if ended:
+                            break
+                        time.sleep(0.001)
+                    wall = (ended[0] if ended else time.perf_counter()) - t0
                     outcome.jobs[p.jobs[0].name] = command_outcome(p.jobs[0], rc, wall, logf)
         # 3. results
         for _, po, _, res, logf in builtin:
