@@ -129,6 +129,9 @@ def _main(argv: list[str] | None) -> int:
     debug, json_mode = "--debug" in own, "--json" in own
     output.reset()
     common.state["args"] = args
+    # when the command started, for a time budget that counts Python's start-up: the process's
+    # start where the process is this command (argv from sys.argv), else now
+    common.state["started_unix_s"] = common.process_start_unix_s() if argv is None else None
     if not args:  # the help on stderr and exit 2, with every click version (as click >= 8.2)
         return failure.report_failure(
             failure.Failure(2, "give a command", help_text=_help_text()), common.err, json_mode

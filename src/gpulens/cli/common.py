@@ -29,7 +29,18 @@ log = logging.getLogger("gpulens.cli")
 out = Console()
 err = Console(stderr=True)
 # ``args``: the arguments main() was given (not sys.argv: main(argv) is called in-process too).
-state: dict[str, Any] = {"debug": False, "args": None}
+state: dict[str, Any] = {"debug": False, "args": None, "started_unix_s": None}
+
+
+def process_start_unix_s() -> float | None:
+    """When this process started (None where psutil cannot tell)."""
+    import psutil
+
+    try:
+        return psutil.Process().create_time()
+    except (psutil.Error, OSError):
+        return None
+
 
 DEVICE_HELP = "cuda:N or cpu [default: cuda:0 if there is a GPU, else cpu]."
 SKIP_BAD_HELP = (
@@ -129,6 +140,14 @@ def log_report_artifact(record_dir: Path) -> None:
             return log_report_page(record_dir, page)
 
     run_bounded("the run's report page", log_page)
+
+
+def store_will_log() -> bool:
+    """Whether ``store_record`` will log to MLflow (installed, not turned off)."""
+    from gpulens.store import mlflow_sink
+    from gpulens.store.sink import store_enabled
+
+    return store_enabled() and mlflow_sink.is_available()
 
 
 def store_experiment(enabled: bool, *, stalls: tuple[dict, list[Path]] | None = None,

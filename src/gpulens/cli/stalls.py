@@ -21,6 +21,9 @@ STALLS_HELP = (
     "  gpulens stalls resnet50 --data ./images --workers 15 --precision bf16\n"
     "  gpulens stalls --data ./images -- python train.py --epochs 2"
 )
+# Seconds the storing of a breakdown's runs takes after them (2-core CPU, local SQLite store:
+# 4.5 s for MLflow's import and the first run, 0.4-0.5 s for each further one).
+STORE_FIRST_S, STORE_PER_RUN_S = 5.0, 0.6
 # The options of `gpulens stalls` that a command after `--` takes too (parameter names).
 COMMAND_OPTIONS = {"target", "data", "store", "json_out"}
 
@@ -63,9 +66,14 @@ def stalls(
     time_budget: float = typer.Option(
         300.0,
         "--time-budget",
-        help="Seconds for the whole breakdown: while a share misses --until-ci, gpulens "
-        "repeats the cached run, the cold one (evicting again) or the paired one, whichever "
-        "narrows it most per second, if one more run fits; repeats are pooled.",
+        help="Seconds for the whole command, from gpulens's start to its answer (start-up, "
+        "every run with its warm-up, the page-cache handling and the storing of the runs "
+        "included): the runs the breakdown needs share it (each at most --max-duration); what "
+        "is left repeats the cached run, the cold one (evicting again) or the paired one while "
+        "a share misses --until-ci, whichever narrows it most per second; repeats are pooled. "
+        "A budget too small to measure each run honestly is said at the start, with the least "
+        "that works; one that cannot hold the runs at all stops before any run (exit 2). "
+        "Not for a command after --: its script decides how long it runs.",
     ),
     worker_affinity: str = typer.Option(
         "os",
@@ -138,13 +146,26 @@ def stalls(
             skip_bad_samples=skip_bad_samples,
             nodes=nodes,
         )
+        from gpulens.stalls.budget import TimeBudget
+
+        storing = store and common.store_will_log()
+        budget = TimeBudget.from_unix_start(
+            time_budget,
+            max_duration,
+            common.state.get("started_unix_s"),
+            # storing the runs: MLflow's import and the parent run, then each run's record
+            finish_s=STORE_FIRST_S if storing else 0.5,
+            finish_per_run_s=STORE_PER_RUN_S if storing else 0.0,
+        )
         with common.progress("stalls", unit="steps") as progress:
 
             def on_step(step: int, total: int | None, _elapsed_s: float, _info) -> None:
                 progress.count(step, total)
 
             with common.live_store(store):
-                result = run_stalls(config, runs_dir(), progress=progress.phase, on_step=on_step)
+                result = run_stalls(
+                    config, runs_dir(), progress=progress.phase, on_step=on_step, budget=budget
+                )
     repeated = (run_id for ids in result.all_runs.values() for run_id in ids)
     run_ids = {*result.runs.values(), *repeated} - {None, ""}
     run_dirs = sorted(runs_dir() / run_id for run_id in run_ids)

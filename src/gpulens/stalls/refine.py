@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from gpulens.run.result import RunResult
+from gpulens.stalls.budget import TimeBudget
 from gpulens.stalls.config import StallsConfig
 from gpulens.stalls.model import Measured, breakdown_of, measure_all
 
@@ -108,11 +109,13 @@ def refine(
     t0: float,
     say: Callable[[str], None],
     notes: list[str],
+    budget: TimeBudget | None = None,
 ) -> None:
     """While a share's 95% interval is wider than the target, repeat the run (cached, a cold
     pass or a paired cold run) that narrows the widest share most per second, if it fits in
     the time budget; repeats of a kind are pooled. ``rerun[kind]`` returns None when it
-    cannot repeat. ``cost_s[kind]`` is the slowest run of that kind so far (updated here)."""
+    cannot repeat. ``cost_s[kind]`` is the slowest run of that kind so far (updated here).
+    ``budget`` keeps its reserve (storing the runs) out of the time for repeats."""
     import time
 
     while True:
@@ -121,12 +124,13 @@ def refine(
         if worst <= config.until_ci_pct:
             return
         elapsed_s = time.perf_counter() - t0
+        limit_s = config.time_budget_s - (budget.reserve_s(1) if budget is not None else 0.0)
         counts = {k: len(v) for k, v in repeats.items()}
         fits = [
             kind
             for kind in rerun
             if counts.get(kind, 0) < MAX_REPEATS
-            and elapsed_s + COST_MARGIN * cost_s[kind] <= config.time_budget_s
+            and elapsed_s + COST_MARGIN * cost_s[kind] <= limit_s
         ]
         best, _ = best_repeat(measured, counts, fits, cost_s)
         if best is None:

@@ -20,6 +20,7 @@ from gpulens.errors import RuntimeFailure
 from gpulens.launch.command import run_command
 from gpulens.probes.environment import usable_cpus
 from gpulens.run.result import RunResult, role_name
+from gpulens.stalls.budget import TimeBudget
 from gpulens.stalls.config import RUN_KINDS, ProgressFn, StallResult
 from gpulens.stalls.model import Measured, breakdown_of, recommend, what_if
 from gpulens.workloads.config import TrainConfig
@@ -122,19 +123,28 @@ class CommandBackend:
 
 
 class StallRunner:
-    """Makes the runs of one breakdown through ``backend`` and keeps ``result``'s books."""
+    """Makes the runs of one breakdown through ``backend`` and keeps ``result``'s books;
+    ``budget`` (where there is one) learns what each run cost."""
 
     def __init__(
-        self, backend: Backend, result: StallResult, progress: ProgressFn | None = None
+        self,
+        backend: Backend,
+        result: StallResult,
+        progress: ProgressFn | None = None,
+        budget: TimeBudget | None = None,
     ) -> None:
-        self.backend, self.result = backend, result
+        self.backend, self.result, self.budget = backend, result, budget
         self.say: ProgressFn = progress or (lambda _msg: None)
-        self.t0 = time.perf_counter()
+        self.t0 = budget.started_s if budget is not None else time.perf_counter()
 
     def run(self, role: str, **options: Any) -> RunResult:
         """One run of ``role``; the latest run of a role is the one ``result`` shows."""
         self.say(f"{role} run")
+        t_run0 = time.perf_counter()
         r = self.backend.run(role, **options)
+        if self.budget is not None:
+            steps = r.summary.get("measured_steps")
+            self.budget.ran(time.perf_counter() - t_run0, r.measured_wall_s, steps)
         self.result.runs[role] = r.run_id
         if role in RUN_KINDS:
             self.result.throughput[role] = r.throughput_samples_per_s

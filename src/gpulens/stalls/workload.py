@@ -10,9 +10,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gpulens.data.bad_samples import SKIPPED_FILES_SHOWN
+from gpulens.errors import UsageError
 from gpulens.record.writer import amend_summary
 from gpulens.run.result import RunResult
 from gpulens.run.thresholds import LOADER_BOUND_DATA_WAIT
+from gpulens.stalls.budget import TimeBudget
 from gpulens.stalls.config import ProgressFn, StallResult, StallsConfig, preflight
 from gpulens.stalls.model import PAIRED_KIND, cold_from_paired, measure_all
 from gpulens.stalls.paired_fetch import paired_runs_summary
@@ -44,9 +46,11 @@ def run_stalls(
     runs_root: Path,
     progress: ProgressFn | None = None,
     on_step: StepFn | None = None,
+    budget: TimeBudget | None = None,
 ) -> StallResult:
     """Make the runs the breakdown needs (all stored) and compute it. ``progress`` hears each
-    phase, ``on_step`` each run's steps (as ``run_training``'s progress)."""
+    phase, ``on_step`` each run's steps (as ``run_training``'s progress). ``budget``: the
+    clock of ``config.time_budget_s`` (the CLI's starts with the process; default: now)."""
     import time
 
     from gpulens.data.datasets import dataset_files, describe_dataset
@@ -63,11 +67,31 @@ def run_stalls(
         "skip_bad_samples": config.skip_bad_samples,
     }
     result = StallResult(workload=config.workload, device=config.device or "")
+    if budget is None:
+        budget = TimeBudget(config.time_budget_s, config.max_duration_s)
     runner = StallRunner(
-        TrainingBackend(config.workload, common, runs_root, on_step), result, progress
+        TrainingBackend(config.workload, common, runs_root, on_step), result, progress, budget
     )
     say, t0, train = runner.say, runner.t0, runner.run
     preflight(config)
+    # the runs the breakdown needs: ingestion-free, cached, cold (or paired), N-GPU ones
+    multi_runs = 0
+    if config.gpus > 1 or config.nodes is not None:
+        multi_runs = 1 if (config.device or "").startswith("cpu") else 2
+    runs_to_make = [3 + multi_runs]
+    if not budget.fits(runs_to_make[0]):
+        raise UsageError(budget.cannot_hold(runs_to_make[0]))
+
+    def timed(**options) -> dict:
+        """A needed run's measured seconds, so that the runs still to come fit the budget."""
+        left = runs_to_make[0]
+        if budget.runs_made and not budget.short and not budget.fits(left):
+            budget.short = True  # said once, as soon as a run has shown what one costs
+            log.warning("%s", budget.too_small(left))
+            result.notes.append(budget.too_small(left))
+        runs_to_make[0] = max(left - 1, 1)
+        return {**options, "duration_s": budget.measure_s(left)}
+
     files = dataset_files(config.data)
     info = describe_dataset(config.data)
     n_files = len(files)
@@ -75,8 +99,7 @@ def run_stalls(
     # A share's interval combines two runs' intervals (a stall is a difference of two runs);
     # runs known to within target/sqrt(2) percent keep it near the target in points.
     run_ci_pct = config.until_ci_pct / math.sqrt(2)
-    budget = dict(until_ci_pct=run_ci_pct, duration_s=config.max_duration_s)
-    free = train("ingestion_free", data="synthetic", **budget)
+    free = train("ingestion_free", data="synthetic", **timed(until_ci_pct=run_ci_pct))
     result.device = free.summary["device"]
     batch = free.summary["batch_size"]
 
@@ -86,20 +109,27 @@ def run_stalls(
     t_run0 = time.perf_counter()
     say("warming the page cache")
     warm_page_cache(files, result.notes)
-    cached = train("cached", data=config.data, prep_timing=True, **budget)
+    cached_opts = timed(until_ci_pct=run_ci_pct)  # its repeats are as long
+    cached = train("cached", data=config.data, prep_timing=True, **cached_opts)
     cost_s["cached"] = time.perf_counter() - t_run0
     workers = cached.summary.get("workers") or 0
     repeats: dict[str, list[RunResult]] = {"ingestion_free": [free], "cached": [cached]}
 
     def again_cached() -> RunResult:
         warm_page_cache(files, [])  # a cold pass may have left part of it out
-        return train("cached", data=config.data, prep_timing=True, **budget)
+        return train("cached", data=config.data, prep_timing=True, **cached_opts)
 
     rerun: dict[str, Callable[[], RunResult | None]] = {"cached": again_cached}
     cold: RunResult | None = None
     warmup = 2 * max(workers, 1) * LOADER_PREFETCH
     first_touch_steps = n_files // batch - warmup - max(workers, 1) * LOADER_PREFETCH - 1
     left_cached_pct: list[float] = []
+    fetch_opts: dict = {}  # the fetch run's measured seconds, its repeats' too
+
+    def fetch_s() -> float:
+        if not fetch_opts:
+            fetch_opts.update(timed())
+        return fetch_opts["duration_s"]
 
     def cold_pass() -> RunResult | None:
         say("evicting the dataset from the page cache")
@@ -117,6 +147,7 @@ def run_stalls(
             "cold",
             data=config.data,
             steps=min(first_touch_steps, 10_000),
+            duration_cap_s=fetch_s(),
             warmup_steps=warmup,
             prep_timing=True,
         )
@@ -140,7 +171,7 @@ def run_stalls(
             data=config.data,
             paired_cold_block=batch,
             prep_timing=True,
-            duration_s=config.max_duration_s,
+            duration_s=fetch_s(),
             warmup_steps=warmup,
             storage_latency_s=config.storage_latency_s,
             storage_bandwidth_bytes_per_s=config.storage_bandwidth_bytes_per_s,
@@ -209,7 +240,8 @@ def run_stalls(
             storage_latency_s=config.storage_latency_s,
             storage_bandwidth_bytes_per_s=config.storage_bandwidth_bytes_per_s,
             prep_timing=True,
-            **budget,
+            until_ci_pct=run_ci_pct,
+            duration_s=fetch_s(),
         )
         cold = rerun["cold"]()
     elif first_touch_steps < 10:
@@ -218,6 +250,7 @@ def run_stalls(
             f"run of at least 10 steps of {batch} samples that reads every file once; make a "
             f"larger one (at least {(warmup + 10 + 2 * max(workers, 1) * 2) * batch} files)"
         )
+        runs_to_make[0] = max(runs_to_make[0] - 1, 1)  # no fetch run: its time goes to others
     else:
         cold = cold_pass()
         if cold is not None:
@@ -233,9 +266,9 @@ def run_stalls(
             nodes=config.nodes,
             count_flops=False,
             device="cpu" if (config.device or "").startswith("cpu") else None,
-            **budget,
+            until_ci_pct=run_ci_pct,
         )
-        multi = train("multi_gpu", **multi_common)
+        multi = train("multi_gpu", **timed(**multi_common))
         procs = config.gpus * (config.nodes.nnodes if config.nodes else 1)
         if multi_common["device"] == "cpu":
             result.notes.append(
@@ -244,7 +277,9 @@ def run_stalls(
                 "path to compare with"
             )
         else:
-            multi_socket = train("multi_gpu_socket", nccl_transport="socket", **multi_common)
+            multi_socket = train(
+                "multi_gpu_socket", nccl_transport="socket", **timed(**multi_common)
+            )
             got = _effective_transport(multi_socket)
             if got and "NET/Socket" not in got:
                 result.notes.append(
@@ -282,7 +317,7 @@ def run_stalls(
         repeats["multi_gpu"] = [multi]
     if multi_socket is not None:
         repeats["multi_gpu_socket"] = [multi_socket]
-    refine(config, repeats, rerun, cost_s, t0, say, result.notes)
+    refine(config, repeats, rerun, cost_s, t0, say, result.notes, budget=budget)
     measured = measure_all(repeats)
     runner.pool(repeats, measured)
     if left_cached_pct:

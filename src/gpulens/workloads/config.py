@@ -37,6 +37,9 @@ class TrainConfig:
     batch_size: int | None = None
     steps: int | None = None
     duration_s: float | None = None
+    # Stop after this many measured seconds even before ``steps`` (a caller's time budget, as
+    # `gpulens stalls --time-budget` gives its cold pass); ``duration_s`` is a run's length.
+    duration_cap_s: float | None = None
     warmup_steps: int | None = None
     device: str | None = None
     precision: str = "fp32"
@@ -87,6 +90,8 @@ class TrainConfig:
             raise UsageError(f"--duration must be positive seconds, got {self.duration_s}")
         if self.steps is not None and self.duration_s is not None:
             raise UsageError("give either --steps or --duration, not both")
+        if self.duration_cap_s is not None and self.duration_cap_s <= 0:
+            raise ValueError(f"a duration cap must be positive seconds, got {self.duration_cap_s}")
         if self.warmup_steps is not None and self.warmup_steps < 0:
             raise UsageError(f"--warmup-steps must be zero or more, got {self.warmup_steps}")
         if self.precision not in PRECISIONS:
@@ -267,11 +272,13 @@ def resolve_config(config: TrainConfig, spec: WorkloadSpec, device: Any) -> Effe
     if config.until_ci_pct is not None:
         steps, duration = (
             config.steps,
-            config.duration_s or (None if config.steps else DEFAULT_UNTIL_CI_BUDGET_S),
+            config.duration_s
+            or config.duration_cap_s
+            or (None if config.steps else DEFAULT_UNTIL_CI_BUDGET_S),
         )
     else:
         steps = config.steps if config.steps or config.duration_s else DEFAULT_STEPS
-        duration = config.duration_s
+        duration = config.duration_s or config.duration_cap_s
     workers = config.workers if config.workers is not None else default_workers(config.data)
     warmup = config.warmup_steps
     if warmup is None:
