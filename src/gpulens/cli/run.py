@@ -107,6 +107,10 @@ def command_json(result) -> dict[str, Any]:
         "stop_reason": s.get("stop_reason"),
         "wall_s": s.get("wall_s"),
         "measured_steps": s.get("measured_steps"),
+        # every step the script made; the first ones (warm-up) are in the record, not measured
+        "steps_total": s.get("steps_total"),
+        "warmup_steps": s.get("warmup_steps"),
+        "warmup_note": s.get("warmup_note"),
         "throughput_samples_per_s": s.get("throughput_samples_per_s"),
         "throughput_ci95_pct": s.get("throughput_ci95_pct"),
         "throughput_ci95_samples_per_s": s.get("throughput_ci95_samples_per_s"),

@@ -157,6 +157,18 @@ def render_command_summary(console: Console, result) -> None:
             "no steps measured: --duration ended the command before any step past warm-up "
             "(give a longer --duration)"
         )
+    if s.get("steps_total") == 0:  # its loader was timed, but no optimizer step came
+        console.print(
+            "no steps seen: the script iterated a DataLoader but never called a torch.optim "
+            "optimizer's step() (wrap its loop in gpulens.track() to time it)"
+        )
+    if s.get("steps_total"):  # every step the script made, the warm-up ones said
+        warmup = s.get("warmup_steps")
+        console.print(
+            f"steps: {s['steps_total']}"
+            + (f", {s.get('measured_steps')} measured after {warmup} warm-up" if warmup else "")
+            + (f" ({s['warmup_note']})" if s.get("warmup_note") else "")
+        )
     if s.get("throughput_samples_per_s") is not None:
         ci_text = _ci_text(s) if s.get("throughput_ci95_pct") is not None else ""
         console.print(f"throughput {s['throughput_samples_per_s']:,.1f} samples/s{ci_text}")

@@ -32,7 +32,9 @@ log = logging.getLogger(__name__)
 INJECT_ENV = "GPULENS_INJECT"  # "1": the launcher asks for injection; "0" or unset: none
 # `gpulens run --steps N -- CMD`: the script ends (as sys.exit(0) would) after N measured steps
 MAX_STEPS_ENV = "GPULENS_MAX_STEPS"
-WARMUP_STEPS = 5  # the injected tracker's warm-up steps, not measured
+# the injected tracker's warm-up steps, not measured (a short script keeps fewer, said in its
+# summary; under --steps N exactly these, then N measured)
+WARMUP_STEPS = 5
 _state: dict[str, Any] = {"tracker": None, "failed": None, "installed": False, "steps": 0,
                           "loader": None, "pending_eval": False, "step_hook": None}  # fmt: skip
 _trained: weakref.WeakSet = weakref.WeakSet()  # loaders an optimizer step was taken from
@@ -57,8 +59,9 @@ def _tracker():
 
         if tracking.explicit_tracker_active():
             return None
+        warmup = WARMUP_STEPS if max_steps() is not None else None  # None: fewer if short
         _state["tracker"] = tracking.Tracker(
-            name=None, store=False, injected=True, warmup_steps=WARMUP_STEPS
+            name=None, store=False, injected=True, warmup_steps=warmup
         )
     return _state["tracker"]
 

@@ -40,7 +40,6 @@ import contextlib
 import logging
 import math
 import os
-import socket
 import sys
 import time
 from collections.abc import Iterable, Iterator
@@ -65,6 +64,7 @@ from gpulens.record.tracker import (
 from gpulens.record.writer import SeriesWriter, atomic_write_json
 from gpulens.stats import throughput_ci
 from gpulens.store.sink import ACTIVE_URI, active_mlflow_run
+from gpulens.workloads import tracking_warmup as warm
 from gpulens.workloads.tracking_batches import (
     batch_size,
     describe_loader,
@@ -77,6 +77,7 @@ from gpulens.workloads.tracking_ranks import (
     group_key,
     join_group,
     leave_group,
+    rank_doc,
     rank_info,
     rank_wait_s,
     status_of,
@@ -112,7 +113,7 @@ class Tracker:
         self,
         name: str | None = None,
         samples_per_step: int | None = None,
-        warmup_steps: int = 5,
+        warmup_steps: int | None = None,
         sample_hz: float = 10.0,
         runs_root: Path | None = None,
         straggler_pct: float = STRAGGLER_PCT,
@@ -131,6 +132,9 @@ class Tracker:
         self._rank_series: SeriesWriter | None = None
         self._group: tuple[Path, str] | None = None  # (groups folder, key) of the run's creator
         self._member = False  # a rank that writes into a run another rank created
+        self._held: warm.HeldWarmup | None = None  # warmup_steps None: fewer for a short script
+        self._adaptive = warmup_steps is None
+        warmup_steps = warm.WARMUP_STEPS if warmup_steps is None else warmup_steps
         self._timer = StepTimer(None, cuda=False, warmup_steps=warmup_steps)
         self._broken = False  # hooks stopped after a failure inside gpulens
         self._failure: str | None = None  # what failed, kept in the summary
@@ -180,6 +184,8 @@ class Tracker:
             self._series = SeriesWriter(series_dir / "steps", STEPS_SCHEMA, background=True)
         else:
             self._series = self._owned_writer.series("steps", STEPS_SCHEMA, background=True)
+        if self._adaptive:
+            self._series = self._held = warm.HeldWarmup(self._series)
         self._timer = StepTimer(self._series, cuda=False, warmup_steps=warmup_steps)
         if self._owned_writer is not None:
             self._start_monitor(sample_hz)
@@ -230,17 +236,7 @@ class Tracker:
         self._monitor.start()
 
     def _rank_doc(self, status: str, error: str | None = None, **summary: Any) -> dict[str, Any]:
-        return {
-            "rank": self.ranks.rank,
-            "local_rank": self.ranks.local_rank,
-            "world_size": self.ranks.world_size,
-            "hostname": socket.gethostname(),
-            "pid": os.getpid(),
-            "status": status,
-            "error": error,
-            "straggler_threshold_pct": self.straggler_pct,
-            **summary,
-        }
+        return rank_doc(self.ranks, self.straggler_pct, status, error, **summary)
 
     # --- failures inside gpulens ------------------------------------------------------------
     def _fail(self, where: str, exc: BaseException) -> None:
@@ -383,8 +379,7 @@ class Tracker:
                 injected=self.injected,
             )
         return {
-            "measured_steps": len(rows),
-            "steps_total": len(self._timer.rows),
+            **warm.step_counts(len(self._timer.rows), len(rows), self._adaptive),
             "samples_total": sum(r["samples"] for r in self._timer.rows),
             "throughput_samples_per_s": ci.samples_per_s if ci else None,
             "throughput_ci95_pct": ci.ci95_pct if ci and math.isfinite(ci.ci95_pct) else None,
@@ -421,6 +416,8 @@ class Tracker:
                 # on (the script broke out of its loop) is no step.
                 if self._in_step and not self.injected:
                     self.step()
+                if self._held is not None:  # the script's length is known: settle its warm-up
+                    self._held.settle(self._timer)
                 self._timer.finish()
                 summary = self._summary()
             except Exception as exc:

@@ -219,3 +219,20 @@ def status_of(error: BaseException | None) -> tuple[str, str | None]:
     if isinstance(error, KeyboardInterrupt):
         return KILLED, "interrupted (Ctrl-C)"
     return FAILED, str(error) or type(error).__name__
+
+
+def rank_doc(
+    ranks: RankInfo, straggler_pct: float, status: str, error: str | None = None, **summary: Any
+) -> dict[str, Any]:
+    """What one rank writes of itself (its rank file): where it ran, how it ended, its steps."""
+    return {
+        "rank": ranks.rank,
+        "local_rank": ranks.local_rank,
+        "world_size": ranks.world_size,
+        "hostname": socket.gethostname(),
+        "pid": os.getpid(),
+        "status": status,
+        "error": error,
+        "straggler_threshold_pct": straggler_pct,
+        **summary,
+    }
