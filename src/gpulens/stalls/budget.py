@@ -100,11 +100,12 @@ class TimeBudget:
 
     def cannot_hold(self, runs: int) -> str:
         """One line, before any run: the budget cannot hold the ``runs`` runs at all."""
-        need_s = self.least_total_s(runs)
+        need_s, store_s = self.least_total_s(runs), self.reserve_s(runs)
         return (
             f"--time-budget {self.total_s:g} s cannot hold the {runs} runs this breakdown needs: "
             f"{self.elapsed_s():.0f} s are gone to start-up, each run takes {MIN_MEASURED_S:g} s "
             f"measured and about {self.per_run_overhead_s():.0f} s more at the least (start-up "
-            f"and warm-up), and storing them about {self.reserve_s(runs):.0f} s: give "
-            f"--time-budget {need_s * 1.5:.0f} or more (where its steps are slow, more)"
+            "and warm-up)"
+            + (f", and storing them about {store_s:.0f} s" if store_s >= 1 else "")
+            + f": give --time-budget {need_s * 1.5:.0f} or more (where its steps are slow, more)"
         )
