@@ -91,9 +91,7 @@ SHORT = textwrap.dedent("""
 """)
 
 
-def test_an_unmodified_script_of_three_batches_records_its_three_steps(tmp_path):
-    path = tmp_path / "short.py"
-    path.write_text(SHORT)
+def _gpulens_run(tmp_path, path) -> dict:
     env = {**os.environ, "GPULENS_HOME": str(tmp_path / "home"), "PATH": "/usr/bin:/bin"}
     proc = subprocess.run(
         [sys.executable, "-m", "gpulens.cli", "run", "--no-store", "--json", "--",
@@ -101,7 +99,28 @@ def test_an_unmodified_script_of_three_batches_records_its_three_steps(tmp_path)
         capture_output=True, text=True, timeout=240, env=env,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
-    doc = json.loads(proc.stdout)
+    return json.loads(proc.stdout)
+
+
+def test_an_unmodified_script_of_three_batches_records_its_three_steps(tmp_path):
+    path = tmp_path / "short.py"
+    path.write_text(SHORT)
+    doc = _gpulens_run(tmp_path, path)
     assert doc["steps_total"] == 3 and doc["warmup_steps"] == 1 and doc["measured_steps"] == 2
     assert "a short script (3 steps)" in doc["warmup_note"]
     assert _steps_series(Path(doc["record_dir"]))["warmup"].tolist() == [True, False, False]
+
+
+def test_a_script_that_ends_with_os_exit_keeps_its_steps(tmp_path):
+    """os._exit skips atexit, where the injected tracker writes the steps: the run had none.
+    Its forked loader workers leave through os._exit too, and must not write them."""
+    path = tmp_path / "os_exit.py"
+    script = SHORT.replace("torch.randn(24, 16)", "torch.randn(128, 16)")
+    script = script.replace("(24,)", "(128,)").replace(
+        "batch_size=8", "batch_size=8, num_workers=2"
+    )
+    path.write_text(script + "import os\nos._exit(0)\n")
+    doc = _gpulens_run(tmp_path, path)
+    assert doc["status"] == "finished"
+    assert doc["steps_total"] == 16 and doc["measured_steps"] == 11 and doc["warmup_steps"] == 5
+    assert len(_steps_series(Path(doc["record_dir"]))) == 16

@@ -63,6 +63,7 @@ def _tracker():
         _state["tracker"] = tracking.Tracker(
             name=None, store=False, injected=True, warmup_steps=warmup
         )
+        _state["pid"] = os.getpid()
     return _state["tracker"]
 
 
@@ -247,6 +248,21 @@ def _exit_on_sigterm(signum, frame) -> None:
     raise SystemExit(128 + signum)
 
 
+def _closing_exit(original: Callable[[int], Any]) -> Callable[[int], Any]:
+    """``os._exit`` that first writes the script's steps (it skips atexit, where the tracker
+    writes them: a script ending with ``os._exit(0)`` left a run with no steps). Only in the
+    process whose tracker it is: a forked loader worker leaves through ``os._exit`` too."""
+
+    def _exit(status: int) -> Any:
+        tracker = _state["tracker"]
+        if tracker is not None and _state.get("pid") == os.getpid():
+            tracker.close()  # never raises
+        return original(status)
+
+    _exit._gpulens = True  # type: ignore[attr-defined]
+    return _exit
+
+
 def install() -> bool:
     """Hook the script's loaders and optimizers once torch is imported (or now, if it is).
     SIGTERM, where it would kill the script outright, ends it through ``SystemExit`` instead,
@@ -258,6 +274,8 @@ def install() -> bool:
     try:
         if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
             signal.signal(signal.SIGTERM, _exit_on_sigterm)
+        if not getattr(os._exit, "_gpulens", False):
+            os._exit = _closing_exit(os._exit)
         pending = {}
         for name, hook in HOOKS.items():
             if name in sys.modules:
