@@ -126,6 +126,8 @@ if (( gpu_count >= 2 )); then
 fi
 step stalls_resnet50 330 'gpulens stalls resnet50 --data ~/data/img --workers 15 --precision bf16'
 step stalls_whatif 300 'gpulens stalls tiny_cnn --data ~/data/img --workers 1 --storage-latency-ms 20'
+# a budget the user sets holds for the whole command (it took 131 s for 60 before a5c9b85)
+step stalls_budget_60 120 'gpulens stalls tiny_cnn --data ~/data/img --workers 1 --storage-latency-ms 20 --time-budget 60'
 
 name=readme_tour-$commit-$gpu-$day
 python3 - "$steps" "$OUT/$name.json" "$commit" "$gpu" <<'PY'
