@@ -177,7 +177,7 @@ class _StallsResult:
 def test_stalls_bandwidth_alias(monkeypatch, tmp_path, capsys):
     configs = []
 
-    def fake_run_stalls(config, runs_root, progress=None, on_step=None):
+    def fake_run_stalls(config, runs_root, progress=None, on_step=None, budget=None):
         configs.append(config)
         return _StallsResult()
 

@@ -87,7 +87,7 @@ def test_stalls_reports_each_phase_on_stderr_with_json(capsys, tmp_path, monkeyp
         def as_dict(self):
             return {"breakdown_pct": {}}
 
-    def fake_run_stalls(config, runs_root, progress=None, on_step=None):
+    def fake_run_stalls(config, runs_root, progress=None, on_step=None, budget=None):
         progress("ingestion_free run")
         on_step(5, 10, 1.0, {})  # a run's steps inside its phase: no extra line off a terminal
         progress("cached run")

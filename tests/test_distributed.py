@@ -149,8 +149,8 @@ def test_stalls_cli_with_two_processes_on_cpu(tmp_path, capsys):
     make_images(data, 200)
     code = main(
         ["stalls", "tiny_cnn", "--data", str(data), "--gpus", "2", "--device", "cpu",
-         "--workers", "1", "--batch-size", "8", "--max-duration", "2", "--time-budget", "20",
-         "--no-store", "--json"]
+         "--workers", "1", "--batch-size", "8", "--max-duration", "2", "--time-budget", "30",
+         "--until-ci", "50", "--no-store", "--json"]
     )  # fmt: skip
     assert code == 0
     doc = json.loads(capsys.readouterr().out)
