@@ -122,11 +122,12 @@ def test_the_demo_names_the_run_command_its_tips_apply_to(capsys, monkeypatch, t
         ),
     )
     assert main(["demo", "--device", "cpu", "--no-store"]) == 0
-    text = " ".join(capsys.readouterr().out.split())
+    out = capsys.readouterr().out
+    text = " ".join(out.split())
     assert "use --until-ci 2" in text  # a `gpulens run` option ...
     data = tmp_path / "demo-data" / "images"
     assert made == [data]
-    # ... and the command to use it on
-    assert f"`gpulens run tiny_cnn --data {data} --batch-size 32 --precision fp32 --workers 1`" in (
-        text
-    )
+    # ... and the command to use it on, on a line of its own and never broken (a long data
+    # path was split across two lines: pasted back, it named a folder that does not exist)
+    command = f"gpulens run tiny_cnn --data {data} --batch-size 32 --precision fp32 --workers 1"
+    assert len(command) > 80 and command in [line.strip() for line in out.splitlines()], out

@@ -175,6 +175,11 @@ def test_parent_killed_leaves_nothing(fake_mps, tmp_path, sig, point):
     if "client" in info:  # the client belongs to the test; it must not keep the daemon alive
         os.kill(info["client"], signal.SIGKILL)
     assert _gone(info["pids"], Path(info["pipe"])), f"daemon left behind after {sig} at {point}"
+    # the watchdog removes the pipe folder, then the folder holding it: wait for both (under
+    # load the second came a moment after the check)
+    deadline = time.monotonic() + 15
+    while list(fake_mps["root"].iterdir()) and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert not list(fake_mps["root"].iterdir())
 
 

@@ -111,7 +111,13 @@ def render_train_summary(
     console.print(Text(f"run {run_id} · record {record_dir}", style="dim"), soft_wrap=True)
     console.print("[bold]Next:[/bold]")
     for tip in [*next_steps(summary), *more_tips]:
-        console.print(Text(f"  • {tip}"))
+        prose, tick, command = tip.partition(": `")
+        if tick and command.endswith("`") and "`" not in command[:-1]:
+            # a command to copy is never broken into lines: a wrapped path pasted back fails
+            console.print(Text(f"  • {prose}:"))
+            console.print(Text(f"    {command[:-1]}"), soft_wrap=True)
+        else:
+            console.print(Text(f"  • {tip}"))
 
 
 def _ci_text(summary: dict[str, Any]) -> str:
