@@ -130,4 +130,18 @@ def test_the_demo_names_the_run_command_its_tips_apply_to(capsys, monkeypatch, t
     # ... and the command to use it on, on a line of its own and never broken (a long data
     # path was split across two lines: pasted back, it named a folder that does not exist)
     command = f"gpulens run tiny_cnn --data {data} --batch-size 32 --precision fp32 --workers 1"
-    assert len(command) > 80 and command in [line.strip() for line in out.splitlines()], out
+    assert len(command) > 80 and f"`{command}`" in [line.strip() for line in out.splitlines()]
+
+
+def test_tips_break_lines_between_words_never_inside_a_command():
+    from gpulens.report.terminal import wrap_keeping_commands
+
+    tip = "compare runs with `gpulens runs compare RUN RUN`; list them with `gpulens runs list`"
+    lines = wrap_keeping_commands(tip, 76)
+    assert lines == [
+        "compare runs with `gpulens runs compare RUN RUN`; list them with",
+        "`gpulens runs list`",
+    ]
+    long = "try: `gpulens run tiny_cnn --data /a/very/long/path/to/the/images --batch-size 32`"
+    assert wrap_keeping_commands(long, 40) == ["try:", long[5:]]  # longer than a line: whole
+    assert " ".join(wrap_keeping_commands(tip, 10)) == tip

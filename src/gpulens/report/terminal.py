@@ -6,6 +6,7 @@ wrapped in ``Text``: it is never read as rich markup.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from rich import box
@@ -111,13 +112,22 @@ def render_train_summary(
     console.print(Text(f"run {run_id} · record {record_dir}", style="dim"), soft_wrap=True)
     console.print("[bold]Next:[/bold]")
     for tip in [*next_steps(summary), *more_tips]:
-        prose, tick, command = tip.partition(": `")
-        if tick and command.endswith("`") and "`" not in command[:-1]:
-            # a command to copy is never broken into lines: a wrapped path pasted back fails
-            console.print(Text(f"  • {prose}:"))
-            console.print(Text(f"    {command[:-1]}"), soft_wrap=True)
+        for n, line in enumerate(wrap_keeping_commands(tip, console.width - 4)):
+            console.print(Text(("  • " if n == 0 else "    ") + line), soft_wrap=True)
+
+
+def wrap_keeping_commands(text: str, width: int) -> list[str]:
+    """``text`` in lines of at most ``width`` characters, broken only between words and never
+    inside a `command` (a command split over two lines, pasted back, runs something else); a
+    command longer than a line gets a line of its own."""
+    words = re.findall(r"`[^`]*`[^\s`]*|\S+", text)
+    lines: list[str] = []
+    for word in words:
+        if lines and len(lines[-1]) + 1 + len(word) <= width:
+            lines[-1] += " " + word
         else:
-            console.print(Text(f"  • {tip}"))
+            lines.append(word)
+    return lines or [""]
 
 
 def _ci_text(summary: dict[str, Any]) -> str:
