@@ -116,7 +116,8 @@ def _row(exp_id: str, r: dict[str, Any]) -> str:
     return (
         f"{exp_id:<20} {r['mechanism']:<11} {r['setting']:<28} "
         f"agg {_x(r['normalized_aggregate_throughput'])}x  jain {_x(r['jain_fairness'])}  "
-        f"slowdown {slow}  J/sample {eps if eps is None else round(eps, 3)}{lat}"
+        f"slowdown {slow}  J/sample {eps if eps is None else round(eps, 3)}  "
+        f"energy vs alone {_x(r.get('energy_vs_alone_ratio'))}{lat}"
     )
 
 

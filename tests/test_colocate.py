@@ -662,3 +662,95 @@ def test_the_together_table_keeps_every_figure_whole_in_80_columns():
     for label in ("streams · default", "streams · inference high priority",
                   "mps · thread_pct=25 (training jobs)", "  infer-resnet50 "):  # fmt: skip
         assert label in text, label
+
+
+# --------------------------------------------------------------------------------- energy
+# Alone: training 0.2 J/sample, inference 0.5 J/request, the command 60 J/run. Together (one
+# window, 200 J): 600 samples, 200 requests and 1 run, which took 120 + 100 + 60 = 280 J alone.
+ALONE = {"train": (1000, 100.0, 200.0), "infer": (200, 20.0, 100.0), "cmd": (1, 0.5, 60.0)}
+TOGETHER = {"train": 600, "infer": 200, "cmd": 1}
+
+
+def _energy_experiment(tmp_path, keys):
+    """An experiment over ``keys`` whose process group reports ALONE/TOGETHER counts and the
+    GPU energy of each window (as the NVML energy counter would), without running anything."""
+    from gpulens.colocate.device import DeviceInfo
+    from gpulens.colocate.experiment import ColocateExperiment
+    from gpulens.launch.group import GroupOutcome
+
+    def group(procs):
+        jobs = [j for p in procs for j in p.jobs]
+        out = {}
+        for j in jobs:
+            count, tput, _ = ALONE[j.kind]
+            if len(jobs) > 1:
+                count, tput = TOGETHER[j.kind], tput * 0.6
+            out[j.name] = {"samples": count, "throughput_samples_per_s": tput}
+        energy = ALONE[jobs[0].kind][2] if len(jobs) == 1 else 200.0
+        return GroupOutcome(out, window={"energy_j": energy, "window_s": 10.0})
+
+    config = ColocateConfig(jobs=unique_names([parse_job(k) for k in keys]),
+                            mechanisms=("time-slice",), duration_s=10.0, warmup_s=0.0)  # fmt: skip
+    exp = ColocateExperiment(config, tmp_path, device_info=DeviceInfo("cpu"))
+    exp._group = group
+    return exp.run()
+
+
+def test_energy_is_per_what_each_job_counts_and_compared_against_the_jobs_alone(tmp_path):
+    """A mechanism's energy per sample once added samples, requests and runs (200 J / 801);
+    a cmd: job's J/run was labelled J/sample."""
+    doc = _energy_experiment(tmp_path, ["tiny_cnn:batch=8", "infer:tiny_cnn:batch=1,rate=20",
+                                        "cmd:sleep 2"])  # fmt: skip
+    jobs = {j["kind"]: j for j in doc["jobs"]}
+    assert {k: (j["energy_unit"], j["energy_per_unit_alone_j"]) for k, j in jobs.items()} == {
+        "train": ("J/sample", 0.2),
+        "infer": ("J/request", 0.5),
+        "cmd": ("J/run", 60.0),
+    }
+    assert jobs["train"]["energy_per_sample_alone_j"] == 0.2
+    assert jobs["cmd"]["energy_per_sample_alone_j"] is None  # a run is no sample
+    (r,) = doc["results"]
+    assert r["energy_per_sample_j"] is None and r["energy_per_unit_j"] is None
+    assert r["energy_unit"] is None and "count different things" in r["energy_note"]
+    assert r["energy_vs_alone_ratio"] == pytest.approx(200 / 280)
+    assert "29% less GPU energy for the work than each job alone" in doc["recommendation"]
+
+
+def test_jobs_that_count_one_thing_get_energy_per_that_thing(tmp_path):
+    doc = _energy_experiment(tmp_path, ["cmd:sleep 1", "cmd:sleep 2"])
+    (r,) = doc["results"]
+    # 2 runs together in 200 J; alone 60 J each
+    assert (r["energy_unit"], r["energy_per_unit_j"]) == ("J/run", 100.0)
+    assert r["energy_per_sample_j"] is None and r["energy_vs_alone_ratio"] == pytest.approx(
+        200 / 120
+    )
+    assert "67% more GPU energy" in doc["recommendation"]
+    doc = _energy_experiment(tmp_path, ["tiny_cnn:batch=8", "tiny_cnn:batch=16"])
+    (r,) = doc["results"]
+    assert r["energy_unit"] == "J/sample"
+    assert r["energy_per_sample_j"] == r["energy_per_unit_j"] == pytest.approx(200 / 1200)
+    assert r["energy_note"] is None
+
+
+def test_each_job_s_energy_is_shown_in_its_own_unit(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from gpulens.report.colocate import render_colocate
+    from gpulens.report.document import colocate_energy_facts
+
+    doc = _energy_experiment(tmp_path, ["tiny_cnn:batch=8", "infer:tiny_cnn:batch=1,rate=20",
+                                        "cmd:sleep 2"])  # fmt: skip
+    console = Console(file=io.StringIO(), width=80, record=True)
+    render_colocate(console, doc)
+    text = console.export_text()
+    assert "…" not in text and max(len(line) for line in text.splitlines()) <= 80
+    for cell in ("0.200 J/sample", "0.500 J/request", "60.000 J/run", "0.71x"):
+        assert cell in text, cell
+    assert "J/sample " not in text.replace("0.200 J/sample", "")  # no column headed J/sample
+    facts = dict(colocate_energy_facts(doc))
+    assert facts["GPU energy alone"] == (
+        "tiny_cnn 0.200 J/sample; infer-tiny_cnn 0.500 J/request; sleep 60.000 J/run"
+    )
+    assert facts["GPU energy together"] == "time-slice: 0.71x the jobs alone"

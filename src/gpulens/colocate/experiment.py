@@ -15,9 +15,11 @@ every job has warmed up, for the same measured window:
 Numbers: ``slowdown`` = throughput alone / throughput together (1.0 = unaffected, 2.0 = half
 speed); ``normalized_aggregate_throughput`` = sum over jobs of together/alone (above 1.0 the GPU
 does more together than the jobs one after another); ``jain_fairness`` = Jain's index over the
-per-job together/alone ratios (1.0 = all slowed alike); ``energy_per_sample_j`` = GPU energy in
-the window / samples of all jobs. A mechanism that fails is recorded with its error; it never
-stops the others.
+per-job together/alone ratios (1.0 = all slowed alike); ``energy_vs_alone_ratio`` = GPU energy in
+the window / the energy the same work took with each job alone; ``energy_per_unit_j`` (in
+``energy_unit``) = GPU energy / units of all jobs, only when every job counts the same thing
+(:func:`~gpulens.colocate.metrics.mechanism_energy`). A mechanism that fails is recorded with
+its error; it never stops the others.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ from gpulens.colocate.device import (
 )
 from gpulens.colocate.metrics import (
     energy_per_sample,
+    job_energy,
+    mechanism_energy,
     memory_fit,
     quadrature,
     slo_attainment,
@@ -122,7 +126,7 @@ class ColocateExperiment:
             "step_time_p99_s": j.get("step_time_p99_s"),
             "slo_attainment": slo_attainment(j.get("step_times_s"), job.slo_ms),
             "peak_mem_bytes": j.get("peak_mem_bytes"),
-            "energy_per_sample_j": energy_per_sample(out.window.get("energy_j"), samples),
+            "energy_per_unit_j": energy_per_sample(out.window.get("energy_j"), samples),
             "sm_activity_pct": out.window.get("sm_activity_pct"),
             "error": out.error,
             "error_kind": out.error_kind,
@@ -138,13 +142,13 @@ class ColocateExperiment:
         status: str | None = None, error: str | None = None, fits: bool | None = True,
         mem_needed: int | None = None, job_extra: dict[str, dict[str, Any]] | None = None,
     ) -> dict[str, Any]:  # fmt: skip
-        jobs = []
-        samples = 0.0
+        jobs, done = [], []
         for job in self.config.jobs:
             a = self.alone_cache.get(job.key, {})
             t = (out.jobs.get(job.name) if out else None) or {}
             together = t.get("throughput_samples_per_s") if out and not out.error else None
-            samples += t.get("samples") or 0
+            done.append({"unit": job.throughput_unit, "count": t.get("samples"),
+                         "alone_j": a.get("energy_per_unit_j")})  # fmt: skip
             jobs.append({
                 "name": job.name, "key": job.key, "kind": job.kind,
                 "throughput_alone": a.get("throughput"), "throughput_together": together,
@@ -184,8 +188,9 @@ class ColocateExperiment:
             "error": error, "fits": fits, "mem_needed_bytes": mem_needed,
             "jobs": jobs,
             "energy_j": window.get("energy_j"),
-            "energy_per_sample_j": energy_per_sample(window.get("energy_j"), samples)
-            if (status or "ok") == "ok" else None,
+            **mechanism_energy(window.get("energy_j") if (status or "ok") == "ok" else None,
+                               done, (self.window.reason if self.window else None)
+                               if (status or "ok") == "ok" else "the jobs did not run together"),
             "sm_activity_pct": window.get("sm_activity_pct"),
             "gpu_util_pct": window.get("gpu_util_pct"),
             "gpu_mem_used_max_bytes": window.get("gpu_mem_used_max_bytes"),
@@ -413,7 +418,7 @@ class ColocateExperiment:
             "step_time_p50_alone_s": a.get("step_time_p50_s"),
             "step_time_p99_alone_s": a.get("step_time_p99_s"),
             "peak_mem_bytes": a.get("peak_mem_bytes"),
-            "energy_per_sample_alone_j": a.get("energy_per_sample_j"),
+            **job_energy(a.get("energy_per_unit_j"), job.throughput_unit),
             "sm_activity_alone_pct": a.get("sm_activity_pct"),
             "error": a.get("error"),
             "exit_code": a.get("exit_code"),

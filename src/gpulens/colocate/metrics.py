@@ -1,5 +1,6 @@
 """Collocation figures, pure: slowdown (alone / together), normalized aggregate throughput,
-Jain's fairness index, energy per sample, and whether the jobs fit in GPU memory together."""
+Jain's fairness index, energy (per unit of what each job counts, and against running the jobs
+alone), and whether the jobs fit in GPU memory together."""
 
 from __future__ import annotations
 
@@ -54,6 +55,60 @@ def energy_per_sample(energy_j: float | None, samples: float | None) -> float | 
     if energy_j is None or not samples:
         return None
     return energy_j / samples
+
+
+# What a joule is spent on, from what a job's throughput counts.
+ENERGY_UNITS = {"samples/s": "J/sample", "requests/s": "J/request", "runs/s": "J/run"}
+# units a sample is one of: a training sample, an inference request of one sample
+SAMPLE_UNITS = ("samples/s", "requests/s")
+
+
+def energy_unit(throughput_unit: str | None) -> str | None:
+    """``J/sample``, ``J/request`` or ``J/run`` for a throughput in samples/s, requests/s or
+    runs/s."""
+    return ENERGY_UNITS.get(throughput_unit or "")
+
+
+def job_energy(per_unit: float | None, unit: str) -> dict[str, Any]:
+    """A job's energy per unit alone in its own unit (``energy_per_unit_alone_j`` with
+    ``energy_unit``); ``energy_per_sample_alone_j`` only where its unit is a sample (never a
+    ``cmd:`` job's whole runs)."""
+    return {"energy_per_unit_alone_j": per_unit, "energy_unit": energy_unit(unit),
+            "energy_per_sample_alone_j": per_unit if unit in SAMPLE_UNITS else None}  # fmt: skip
+
+
+def mechanism_energy(
+    energy_j: float | None, jobs: list[dict[str, Any]], why_unmeasured: str | None = None
+) -> dict[str, Any]:
+    """A mechanism's energy figures from the GPU energy of its window and, per job, ``unit``
+    (what its throughput counts), ``count`` (samples, requests or runs done together) and
+    ``alone_j`` (its energy per unit alone).
+
+    - ``energy_vs_alone_ratio``: the window's energy over what the same work took with each
+      job alone (sum of count x alone_j): 0.8 = the work took 20% less energy together. It
+      compares mechanisms whatever the jobs count, and the recommendation uses only it.
+    - ``energy_per_unit_j`` (in ``energy_unit``): energy / all units done, only when every job
+      counts the same thing; ``energy_per_sample_j`` the same only when that thing is a sample
+      (or a one-sample request). Jobs that count different things get null and
+      ``energy_note`` says why."""
+    units = {j["unit"] for j in jobs}
+    shared = units.pop() if len(units) == 1 else None
+    per_unit = energy_per_sample(energy_j, sum(j["count"] or 0 for j in jobs)) if shared else None
+    alone = [(j["count"] or 0) * j["alone_j"] for j in jobs if j["alone_j"] is not None]
+    ratio = energy_j / sum(alone) if energy_j is not None and len(alone) == len(jobs) and \
+        sum(alone) > 0 else None  # fmt: skip
+    note = None
+    if energy_j is None:
+        note = "energy not measured" + (f": {why_unmeasured}" if why_unmeasured else "")
+    elif shared is None and jobs:
+        note = ("no energy per unit: the jobs count different things ("
+                + ", ".join(sorted({energy_unit(j["unit"]) or "?" for j in jobs}))
+                + "); energy_vs_alone_ratio compares the mechanisms")  # fmt: skip
+    elif ratio is None:
+        note = "no energy_vs_alone_ratio: a job's energy alone was not measured"
+    return {"energy_unit": energy_unit(shared), "energy_per_unit_j": per_unit,
+            "energy_per_sample_j": per_unit if shared in SAMPLE_UNITS else None,
+            "energy_vs_alone_ratio": ratio, "energy_note": note}  # fmt: skip
 
 
 def memory_fit(

@@ -72,7 +72,20 @@ def recommend(doc: dict[str, Any], max_slowdown: float | None = None) -> str:
                 f"; {j['name']} within {j['slo_ms']:g} ms: {100 * j['slo_attainment_alone']:.1f}%"
                 f" alone, {100 * j['slo_attainment']:.1f}% together"
             )
-    return text
+    return text + _energy(best)
+
+
+def _energy(result: dict[str, Any]) -> str:
+    """The GPU energy the jobs' work took together against each job alone: the one energy
+    figure that compares mechanisms whatever the jobs count (per sample, request or run)."""
+    ratio = result.get("energy_vs_alone_ratio")
+    if ratio is None:
+        return ""
+    change = 100 * (1 - ratio)
+    if round(change) == 0:
+        return "; the same GPU energy for the work as each job alone"
+    more_less = "less" if change > 0 else "more"
+    return f"; {abs(change):.0f}% {more_less} GPU energy for the work than each job alone"
 
 
 def experiment_status(doc: dict[str, Any]) -> tuple[str, str | None]:

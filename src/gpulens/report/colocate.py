@@ -9,7 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from gpulens.colocate.metrics import throughput_units
+from gpulens.colocate.metrics import energy_unit, throughput_units
 from gpulens.report.terminal import COMPACT
 
 
@@ -31,6 +31,14 @@ def _throughput(value: float | None, unit: str | None, shared: str | None) -> di
     if shared:
         return {shared: _rate(value)}
     return {"throughput": _rate(value), "unit": Text(unit or "")}
+
+
+def _energy(value: float | None, unit: str | None, shared: str | None) -> dict[str, Any]:
+    """A job's energy alone: under its unit (J/sample, J/request, J/run) when every job counts
+    the same thing, else the figure with its unit in the cell."""
+    if shared:
+        return {energy_unit(shared) or "J/unit": _num(value, "{:.3f}")}
+    return {"energy": _num(value, "{:.3f} " + (energy_unit(unit) or "J/unit"))}
 
 
 def _ms(value_s: float | None) -> str:
@@ -59,7 +67,7 @@ def render_colocate(console: Console, doc: dict[str, Any]) -> None:
             "p50 ms": _ms(j.get("step_time_p50_alone_s")),
             "p99 ms": _ms(j.get("step_time_p99_alone_s")),
             "mem GiB": _num(mem / 2**30 if mem else None, "{:.2f}"),
-            "J/sample": _num(j.get("energy_per_sample_alone_j"), "{:.3f}"),
+            **_energy(_alone_energy(j), units.get(str(j["name"])), shared),
         })  # fmt: skip
     console.print(_table("alone (p50/p99: step time, or latency of inference)", alone_rows,
                          left=("job", "unit")))  # fmt: skip
@@ -75,7 +83,9 @@ def render_colocate(console: Console, doc: dict[str, Any]) -> None:
             "mechanism": Text(label),
             "aggregate": _num(r.get("normalized_aggregate_throughput"), "{:.2f}x"),
             "Jain": _num(r.get("jain_fairness"), "{:.2f}"),
-            "J/sample": _num(r.get("energy_per_sample_j"), "{:.3f}"),
+            # per unit only when every job counts the same thing; against the jobs alone always
+            energy_unit(shared) or "J/unit": _num(_group_energy(r) if shared else None, "{:.3f}"),
+            "energy vs alone": _num(r.get("energy_vs_alone_ratio"), "{:.2f}x"),
             "SM %": _num(r.get("sm_activity_pct"), "{:.0f}"),
         })  # fmt: skip
         blank = dict.fromkeys(_throughput(None, None, shared), "")
@@ -90,8 +100,10 @@ def render_colocate(console: Console, doc: dict[str, Any]) -> None:
                 "_end": i == len(r["jobs"]) - 1,
             })  # fmt: skip
     if groups:
-        console.print(_table("together: each mechanism (aggregate: the sum of together/alone)",
-                             groups, left=("mechanism",)))  # fmt: skip
+        energy = any(r.get("energy_vs_alone_ratio") is not None for r in doc["results"])
+        console.print(_table("together: each mechanism (aggregate: the sum of together/alone"
+                             + ("; energy vs alone: GPU energy for the work / the jobs alone)"
+                                if energy else ")"), groups, left=("mechanism",)))  # fmt: skip
         console.print(_table("together: each job", rows, left=("mechanism / job", "unit")))
     for r in not_measured:
         error = str(r.get("error") or "not measured")
@@ -147,6 +159,22 @@ def _table(title: str, rows: list[dict[str, Any]], left: tuple[str, ...]) -> Tab
     for r in rows:
         table.add_row(*(r[h] for h in shown), end_section=bool(r.get("_end")))
     return table
+
+
+def _alone_energy(job: dict[str, Any]) -> float | None:
+    """A job's energy per unit alone; a document written before ``energy_per_unit_alone_j``
+    has it as ``energy_per_sample_alone_j`` (then per run for a cmd: job)."""
+    if "energy_per_unit_alone_j" in job:
+        return job["energy_per_unit_alone_j"]
+    return job.get("energy_per_sample_alone_j")
+
+
+def _group_energy(result: dict[str, Any]) -> float | None:
+    """A mechanism's energy per unit when the jobs count one thing (``energy_per_sample_j`` in
+    a document written before ``energy_per_unit_j``)."""
+    if "energy_per_unit_j" in result:
+        return result["energy_per_unit_j"]
+    return result.get("energy_per_sample_j")
 
 
 def _pct(share: float | None) -> float | None:

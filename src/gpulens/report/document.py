@@ -198,6 +198,7 @@ def colocate_section(record: RunRecord) -> Section:
         ("jobs", ", ".join(j.get("key", j.get("name", "?")) for j in doc.get("jobs") or [])),
         ("seconds per run", str(doc.get("duration_s", "n/a"))),
     ]
+    section.facts += colocate_energy_facts(doc)
     if doc.get("recommendation"):
         section.facts.append(("recommendation", str(doc["recommendation"])))
     section.figures = figures.colocate_figures(doc)
@@ -210,6 +211,38 @@ def colocate_section(record: RunRecord) -> Section:
     if not section.figures:
         section.notes.append("no mechanism was measured together: nothing to compare")
     return section
+
+
+def colocate_energy_facts(doc: dict[str, Any]) -> list[tuple[str, str]]:
+    """GPU energy, each job alone in its own unit (J/sample, J/request, J/run), and each
+    mechanism against the jobs alone (per unit too when every job counts the same thing);
+    nothing where energy was not measured (a CPU run)."""
+    from gpulens.colocate.metrics import energy_unit, throughput_units
+
+    units = throughput_units(doc)
+    alone = []
+    for j in doc.get("jobs") or []:
+        value = j.get("energy_per_unit_alone_j", j.get("energy_per_sample_alone_j"))
+        unit = j.get("energy_unit") or energy_unit(units.get(str(j.get("name"))))
+        if value is not None:
+            alone.append(f"{j.get('name')} {value:.3f} {unit or 'J/unit'}")
+    together = []
+    for r in doc.get("results") or []:
+        ratio, per_unit = r.get("energy_vs_alone_ratio"), r.get("energy_per_unit_j")
+        if r.get("status") not in (None, "ok") or (ratio is None and per_unit is None):
+            continue
+        parts = [
+            f"{ratio:.2f}x the jobs alone" if ratio is not None else None,
+            f"{per_unit:.3f} {r.get('energy_unit')}" if per_unit is not None else None,
+        ]
+        together.append(f"{figures.setting_label(r)}: "
+                        + ", ".join(p for p in parts if p))  # fmt: skip
+    facts = []
+    if alone:
+        facts.append(("GPU energy alone", "; ".join(alone)))
+    if together:
+        facts.append(("GPU energy together", "; ".join(together)))
+    return facts
 
 
 def stall_section(records: list[RunRecord]) -> Section | None:

@@ -227,7 +227,7 @@ def what_if_figure(what_if: dict[str, Any]) -> go.Figure | None:
     return fig
 
 
-def _setting_label(result: dict[str, Any]) -> str:
+def setting_label(result: dict[str, Any]) -> str:
     setting = result.get("setting")
     return result["mechanism"] + (f" {setting}" if setting not in (None, "", "default") else "")
 
@@ -243,7 +243,7 @@ def colocate_figures(doc: dict[str, Any]) -> list[go.Figure]:
     ]  # fmt: skip
     if not results:
         return []
-    labels = [_setting_label(r) for r in results]
+    labels = [setting_label(r) for r in results]
     jobs = [j["name"] for j in doc.get("jobs") or []] or [j["name"] for j in results[0]["jobs"]]
     by = {(lab, j["name"]): j for lab, r in zip(labels, results, strict=True) for j in r["jobs"]}
     alone = {j["name"]: j.get("throughput_alone") for j in doc.get("jobs") or []}
