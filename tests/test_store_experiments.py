@@ -73,6 +73,10 @@ def test_colocate_trials_become_child_runs(tmp_path):
     assert trial.data.metrics["jain_fairness"] == pytest.approx(first["jain_fairness"])
     job = first["jobs"][0]
     assert trial.data.metrics[f"{job['name']}.slowdown"] == pytest.approx(job["slowdown"])
+    # each job's throughput named with what it counts, as a run's throughput_samples_per_s is
+    together = f"{job['name']}.throughput_together_samples_per_s"
+    assert trial.data.metrics[together] == pytest.approx(job["throughput_together"])
+    assert f"{job['name']}.throughput_together" not in trial.data.metrics
     assert mlflow_experiment.log_colocate_trials(writer.dir, uri, "gpulens") == children
 
 
@@ -90,3 +94,29 @@ def test_a_logged_run_gets_its_report_page_as_an_artifact(tmp_path, monkeypatch)
     assert "report.html" in [a.path for a in client.list_artifacts(run_id)]
     page = Path(client.download_artifacts(run_id, "report.html", str(tmp_path))).read_text()
     assert "plotly" in page.lower() and "NVIDIA H100" in page
+
+
+def test_colocate_trial_metrics_carry_each_job_s_unit_and_energy_per_what_it_counts():
+    trial = {
+        "mechanism": "time-slice", "jain_fairness": 0.9, "energy_vs_alone_ratio": 0.8,
+        "energy_per_unit_j": None, "energy_per_sample_j": None, "energy_unit": None,
+        "jobs": [{"name": "train", "throughput_alone": 100.0, "throughput_together": 60.0,
+                  "throughput_unit": "samples/s", "slowdown": 1.67},
+                 {"name": "infer", "throughput_alone": 20.0, "throughput_together": 20.0,
+                  "throughput_unit": "requests/s", "slowdown": 1.0},
+                 {"name": "sleep", "throughput_alone": 0.5, "throughput_together": 0.4,
+                  "throughput_unit": "runs/s", "slowdown": 1.25}],
+    }  # fmt: skip
+    units = {j["name"]: j["throughput_unit"] for j in trial["jobs"]}
+    metrics = mlflow_experiment.trial_metrics(trial, units)
+    assert metrics["infer.throughput_alone_requests_per_s"] == 20.0
+    assert metrics["sleep.throughput_together_runs_per_s"] == 0.4
+    assert metrics["train.throughput_together_samples_per_s"] == 60.0
+    assert metrics["energy_vs_alone_ratio"] == 0.8 and "energy_per_sample_j" not in metrics
+    # jobs that count one thing: energy per that thing; a document from before the fix
+    # (energy_per_sample_j summed over samples and runs) logs no energy per sample
+    runs = {"energy_per_unit_j": 30.0, "energy_unit": "J/run", "jobs": []}
+    assert mlflow_experiment.trial_metrics(runs, {"a": "runs/s"}) == {"energy_per_run_j": 30.0}
+    old = {"energy_per_sample_j": 0.25, "jobs": []}
+    assert mlflow_experiment.trial_metrics(old, {"a": "samples/s", "b": "runs/s"}) == {}
+    assert mlflow_experiment.trial_metrics(old, {"a": "samples/s"}) == {"energy_per_sample_j": 0.25}

@@ -6,8 +6,10 @@
   paired...) is logged as usual and nested under it (MLflow's ``mlflow.parentRunId`` tag).
 - ``gpulens colocate``: the experiment's own run is the parent; every mechanism and setting
   it tried becomes a child run (params ``mechanism``, ``setting``, ``status``; metrics: combined
-  throughput, fairness, energy per sample, and per job its throughput alone and together and its
-  slowdown), so MLflow's runs table compares the settings side by side.
+  throughput, fairness, energy against the jobs alone (and per sample, request or run when the
+  jobs count one thing), and per job its throughput alone and together in its unit
+  (``<job>.throughput_together_requests_per_s``) and its slowdown), so MLflow's runs table
+  compares the settings side by side.
 
 - The HTML report of a logged run (its figures) as an artifact of its MLflow run:
   ``report.html`` in a run of its own, ``gpulens/<run id>/report.html`` in the user's run.
@@ -24,6 +26,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from gpulens.colocate.metrics import SAMPLE_UNITS, throughput_units
 from gpulens.paths import default_tracking_uri
 from gpulens.record.reader import read_record
 from gpulens.store import mlflow_sink
@@ -104,6 +107,7 @@ def log_colocate_trials(
     if not parent_id:
         return []
     doc = (record.meta.get("summary") or {}).get("colocate") or {}
+    units = throughput_units(doc)
     children = []
     with mlflow_http_limits(), store_lock(uri):
         experiment_id = client.get_run(parent_id).info.experiment_id
@@ -123,17 +127,37 @@ def log_colocate_trials(
             child_id = child.info.run_id
             for param in ("mechanism", "setting", "status"):
                 client.log_param(child_id, param, str(trial.get(param)))
-            metrics = {k: v for k, v in trial.items() if is_number(v)}
-            for job in trial.get("jobs") or []:
-                for field in ("throughput_alone", "throughput_together", "slowdown"):
-                    if is_number(job.get(field)):
-                        metrics[f"{job.get('name')}.{field}"] = job[field]
-            for name, value in metrics.items():
+            for name, value in trial_metrics(trial, units).items():
                 client.log_metric(child_id, _metric_key(name), float(value))
             ok = trial.get("status") in (None, "ok")
             client.set_terminated(child_id, status="FINISHED" if ok else "FAILED")
             children.append(child_id)
     return children
+
+
+def trial_metrics(trial: dict[str, Any], units: dict[str, str]) -> dict[str, float]:
+    """A colocate trial's MLflow metrics, each name with its unit as a run's metrics have it:
+    ``<job>.throughput_alone_samples_per_s`` (``requests_per_s``, ``runs_per_s``: what the job
+    counts, from ``units``), ``<job>.slowdown`` (a ratio), and the trial's numbers; its energy
+    per unit as ``energy_per_sample_j`` / ``energy_per_request_j`` / ``energy_per_run_j``."""
+    metrics = {k: v for k, v in trial.items() if is_number(v) and k != "energy_per_unit_j"}
+    counted = set(units.values())
+    if len(counted) != 1 or counted - set(SAMPLE_UNITS):  # a document from before the fix
+        metrics.pop("energy_per_sample_j", None)  # summed samples, requests and runs
+    per_unit, unit = trial.get("energy_per_unit_j"), trial.get("energy_unit")
+    if is_number(per_unit) and unit:
+        metrics["energy_per_" + unit.removeprefix("J/") + "_j"] = per_unit
+    for job in trial.get("jobs") or []:
+        name = job.get("name")
+        suffix = "_" + (job.get("throughput_unit") or units.get(str(name)) or "samples/s").replace(
+            "/", "_per_"
+        )
+        for field, key in (("throughput_alone", "throughput_alone" + suffix),
+                           ("throughput_together", "throughput_together" + suffix),
+                           ("slowdown", "slowdown")):  # fmt: skip
+            if is_number(job.get(field)):
+                metrics[f"{name}.{key}"] = job[field]
+    return {_metric_key(k): float(v) for k, v in metrics.items()}
 
 
 def log_report_page(
