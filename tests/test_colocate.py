@@ -563,19 +563,26 @@ def test_each_job_s_throughput_is_labelled_with_what_it_counts():
         "jobs": [{"name": n, "key": k, "kind": kind, "throughput_alone": a,
                   "batch_size": {"train": 8, "infer": 1}.get(kind),
                   "throughput_unit": parse_job(k).throughput_unit} for n, k, kind, a, *_ in jobs],
-        "results": [_result("time-slice", "default", jobs)], "recommendation": "time-slice",
-        "duration_s": 3.0, "device": "cpu",
+        "results": [_result("time-slice", "default", jobs),
+                    _result("mps", "thread_pct=100 (training jobs)", jobs)],
+        "recommendation": "time-slice", "duration_s": 3.0, "device": "cpu",
     }  # fmt: skip
     console = Console(file=io.StringIO(), width=80, record=True)
     render_colocate(console, doc)
     text = console.export_text()
     assert "…" not in text and max(len(line) for line in text.splitlines()) <= 80
-    # the figure, then its unit; a cmd: job's few runs/s with two significant digits
-    for figure in ("412.5  samples/s", "20.0  requests/s", "0.25  runs/s",  # alone
-                   "300.0  samples/s", "19.5  requests/s", "0.12  runs/s"):  # fmt: skip
+    # alone: the figure, then its unit; a cmd: job's few runs/s with two significant digits
+    for figure in ("412.5  samples/s", "20.0  requests/s", "0.25  runs/s"):
         assert figure in text, figure
     headers = [line for line in text.splitlines() if line.startswith(("job ", "mechanism /"))]
-    assert len(headers) == 2 and all("throughput  unit" in h for h in headers), headers
+    assert len(headers) == 2 and "throughput  unit" in headers[0], headers
+    # together: the unit beside the job's name, so the mechanism labels keep the first column
+    # whole (a unit column folded "mps · thread_pct=25 (training jobs)" on an H200)
+    lines = [" ".join(line.split()) for line in text.splitlines()]
+    for row in ("tiny_cnn (samples/s) 300.0", "infer-tiny_cnn (requests/s) 19.5",
+                "python (runs/s) 0.12"):  # fmt: skip
+        assert any(line.startswith(row) for line in lines), (row, text)
+    assert "mps · thread_pct=100 (training jobs)" in lines, text
     # a document stored before jobs carried the unit: from the job's kind and batch
     for j in doc["jobs"]:
         del j["throughput_unit"]

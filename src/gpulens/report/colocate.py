@@ -88,13 +88,16 @@ def render_colocate(console: Console, doc: dict[str, Any]) -> None:
             "energy vs alone": _num(r.get("energy_vs_alone_ratio"), "{:.2f}x"),
             "SM %": _num(r.get("sm_activity_pct"), "{:.0f}"),
         })  # fmt: skip
-        blank = dict.fromkeys(_throughput(None, None, shared), "")
-        rows.append({"mechanism / job": Text(label, style="bold"), **blank,
+        # the jobs' units beside their names, not in a column of their own: the mechanism
+        # labels share the first column and folded (on an H200, 80 columns) with one more
+        figure = shared or "throughput"
+        rows.append({"mechanism / job": Text(label, style="bold"), figure: "",
                      "slowdown": "", "p50 ms": "", "p99 ms": ""})  # fmt: skip
         for i, j in enumerate(r["jobs"]):
+            name, unit = str(j["name"]), units.get(str(j["name"]))
             rows.append({
-                "mechanism / job": Text("  " + str(j["name"])),
-                **_throughput(j.get("throughput_together"), units.get(str(j["name"])), shared),
+                "mechanism / job": Text(f"  {name}" + ("" if shared or not unit else f" ({unit})")),
+                figure: _rate(j.get("throughput_together")),
                 "slowdown": _num(j.get("slowdown"), "{:.2f}x"),
                 "p50 ms": _ms(j.get("step_time_p50_s")), "p99 ms": _ms(j.get("step_time_p99_s")),
                 "_end": i == len(r["jobs"]) - 1,
@@ -104,7 +107,7 @@ def render_colocate(console: Console, doc: dict[str, Any]) -> None:
         console.print(_table("together: each mechanism (aggregate: the sum of together/alone"
                              + ("; energy vs alone: GPU energy for the work / the jobs alone)"
                                 if energy else ")"), groups, left=("mechanism",)))  # fmt: skip
-        console.print(_table("together: each job", rows, left=("mechanism / job", "unit")))
+        console.print(_table("together: each job", rows, left=("mechanism / job",)))
     for r in not_measured:
         error = str(r.get("error") or "not measured")
         status = "" if error.startswith(str(r["status"])) else f"{r['status']}: "
