@@ -68,9 +68,14 @@ def test_two_process_run_agrees_on_steps_and_counts_all_samples(tmp_path):
     assert eff["optimizer"] == "SGD"
     assert eff["dataset"]["kind"] == "synthetic_on_device"
     assert (eff["backend"], eff["device"], eff["rendezvous_addr"]) == ("gloo", "cpu", "127.0.0.1")
-    steps = read_series_table(r.record_dir / "series" / "steps")
-    assert steps.num_rows == s["measured_steps"] + s["warmup_steps"]
-    assert set(steps.column("samples").to_pylist()) == {16}
+    # every rank's steps, each row with the rank's own batch (tests/test_host_ranks.py)
+    steps = read_series_table(r.record_dir / "series" / "steps").to_pandas()
+    assert steps.groupby("rank").size().to_dict() == {
+        0: s["measured_steps"] + s["warmup_steps"],
+        1: s["measured_steps"] + s["warmup_steps"],
+    }
+    assert set(steps["samples"]) == {8}
+    assert [r["measured_steps"] for r in s["ranks"]] == [s["measured_steps"]] * 2
 
 
 def test_more_gpus_than_present_is_a_usage_error(tmp_path, monkeypatch):

@@ -87,8 +87,10 @@ def train_json(result) -> dict[str, Any]:
     for key in ("skipped_samples", "skipped_files_total", "skipped_files"):
         if key in s:
             doc[key] = s[key]
-    # a node's shard of a multi-node run: its ranks, and the joined run (or how to join)
-    for key in ("nnodes", "node_rank", "world_size", "ranks", "join"):
+    # several processes: each rank's figures and the stragglers; a node's shard of a
+    # multi-node run: its node, and the joined run (or how to join)
+    for key in ("nnodes", "node_rank", "world_size", "slowest_rank", "step_time_median_s",
+                "straggler_threshold_pct", "stragglers", "ranks", "join"):  # fmt: skip
         if key in s:
             doc[key] = s[key]
     return doc

@@ -107,9 +107,12 @@ def _num(value: Any) -> float | None:
 
 
 def _measured_steps(record):
-    """The measured (not warm-up) rows of the run's steps series; None where unreadable."""
+    """The measured (not warm-up) rows of the run's steps series, the first rank's where it
+    keeps every rank's (rank 0's phases are the summary's); None where unreadable."""
+    from gpulens.record.reader import first_rank_steps
+
     try:
-        steps = record.series("steps")
+        steps = first_rank_steps(record.series("steps"))
     except Exception as exc:  # a damaged series: predict from the summary alone
         log.warning("steps series of %s unreadable (%s): using the compute phase", record.dir, exc)
         return None

@@ -57,6 +57,21 @@ class RunRecord:
         return read_series_table(self.dir / schema.SERIES_DIR / name).to_pandas()
 
 
+def rank_ids(steps: pd.DataFrame) -> list[int]:
+    """The ranks of a steps frame with a ``rank`` column (a data-parallel run keeps every
+    rank's steps in one series), sorted; ``[]`` without one."""
+    if "rank" not in steps or steps.empty:
+        return []
+    return sorted({int(r) for r in steps["rank"].dropna()})
+
+
+def first_rank_steps(steps: pd.DataFrame) -> pd.DataFrame:
+    """The lowest rank's rows where ``steps`` holds several ranks' (each step once, as the
+    summary's phases count it), the frame itself otherwise."""
+    ranks = rank_ids(steps)
+    return steps[steps["rank"] == ranks[0]] if len(ranks) > 1 else steps
+
+
 @dataclass
 class DamagedRecord:
     """A run directory whose ``run.json`` cannot be read: what is wrong and what still reads."""

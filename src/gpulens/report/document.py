@@ -23,7 +23,7 @@ import pandas as pd
 
 from gpulens.errors import DamagedRecordError
 from gpulens.record.labels import workload_label
-from gpulens.record.reader import RunRecord, read_prep
+from gpulens.record.reader import RunRecord, first_rank_steps, rank_ids, read_prep
 from gpulens.report import figures, serving
 
 # A difference from the first run is marked when it exceeds both intervals' half-widths, or
@@ -120,10 +120,9 @@ def run_section(record: RunRecord) -> Section:
     """One run: its summary facts, timeline and (with prep timing) its loader stages."""
     section = Section(_title(record), facts=_facts(record))
     gpu, steps = _series(record, "gpu", section.notes), _series(record, "steps", section.notes)
-    ranks = sorted({int(r) for r in steps["rank"].dropna()}) if (
-        steps is not None and "rank" in steps) else []  # fmt: skip
+    ranks = rank_ids(steps) if steps is not None else []
     if len(ranks) > 1:  # the ranks' bars would overlap on one time axis: the first rank's
-        steps = steps[steps["rank"] == ranks[0]]
+        steps = first_rank_steps(steps)
         section.notes.append(f"the step row shows rank {ranks[0]}'s steps, of {len(ranks)} ranks "
                              "(load_series(run, 'steps') has every rank's)")  # fmt: skip
     indices = sorted({int(i) for i in gpu["gpu_index"].dropna()}) if (
@@ -343,7 +342,8 @@ def comparison_section(records: list[RunRecord]) -> Section:
     step_times = {}
     for label, r in zip(labels, records, strict=True):
         steps = _series(r, "steps")
-        if steps is not None:
+        if steps is not None:  # each step once: the first rank's, as the run section draws
+            steps = first_rank_steps(steps)
             measured = steps[~steps["warmup"].astype(bool)] if "warmup" in steps else steps
             step_times[label] = 1000 * measured["step_time_s"]
     fig = figures.step_time_figure(step_times)

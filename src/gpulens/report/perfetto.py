@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from gpulens.record.reader import RunRecord, read_prep
+from gpulens.record.reader import RunRecord, rank_ids, read_prep
 
 PID_STEPS, PID_LOADER, PID_GPU, PID_HOST = 1, 2, 3, 4
 GPU_COUNTERS = {
@@ -66,8 +66,19 @@ def _t0(frames: list[pd.DataFrame], steps: pd.DataFrame) -> float | None:
 
 
 def step_events(steps: pd.DataFrame, t0: float) -> list[dict]:
-    """One slice per step (warm-up steps marked), its phases nested inside it."""
-    events = [_meta(PID_STEPS, "training loop"), _meta(PID_STEPS, "", 1, "steps")]
+    """One slice per step (warm-up steps marked), its phases nested inside it; a run that
+    keeps every rank's steps has a track per rank (``rank R steps``)."""
+    events = [_meta(PID_STEPS, "training loop")]
+    ranks = rank_ids(steps)
+    if len(ranks) < 2:
+        return events + _track_events(steps, t0, 1, "steps")
+    for rank in ranks:
+        events += _track_events(steps[steps["rank"] == rank], t0, 1 + rank, f"rank {rank} steps")
+    return events
+
+
+def _track_events(steps: pd.DataFrame, t0: float, tid: int, name: str) -> list[dict]:
+    events = [_meta(PID_STEPS, "", tid, name)]
     for row in steps.itertuples(index=False):
         step_s = _num(row.step_time_s)
         if step_s is None:
@@ -77,7 +88,7 @@ def step_events(steps: pd.DataFrame, t0: float) -> list[dict]:
         warm = bool(getattr(row, "warmup", False))
         cat = "warmup" if warm else "step"
         events.append(
-            _slice(f"step {row.step}", cat, PID_STEPS, 1, start_us, step_s * 1e6,
+            _slice(f"step {row.step}", cat, PID_STEPS, tid, start_us, step_s * 1e6,
                    samples=int(row.samples), warmup=warm)
         )  # fmt: skip
         t = start_us
@@ -86,7 +97,7 @@ def step_events(steps: pd.DataFrame, t0: float) -> list[dict]:
             if dur_s is None:
                 continue
             dur_us = min(dur_s * 1e6, end_us - t)  # the phases never outrun their step
-            events.append(_slice(phase.replace("_", " "), "phase", PID_STEPS, 1, t, dur_us))
+            events.append(_slice(phase.replace("_", " "), "phase", PID_STEPS, tid, t, dur_us))
             t += dur_us
     return events
 

@@ -1,9 +1,11 @@
 """Data-parallel training (DDP) over several GPUs of one host, one process per GPU.
 
 The parent process owns the run record and the monitor (every GPU of the run, and the host
-with the whole process tree); it spawns one training process per GPU. Rank 0 times its steps
-and sends them back with its progress; all ranks agree on when to stop (rank 0 decides), so
-the measured window is the same everywhere. Communication overlaps computation as DDP does it
+with the whole process tree); it spawns one training process per GPU. Every rank times its
+steps and sends them back once, when the run has ended (rank 0 also sends its progress); all
+ranks agree on when to stop (rank 0 decides), so the measured window is the same everywhere.
+The record keeps every rank's steps and names the stragglers (see
+:mod:`gpulens.workloads.host_ranks`). Communication overlaps computation as DDP does it
 by default (gradient buckets all-reduced during the backward pass).
 
 On a CPU-only machine ``--gpus N --device cpu`` runs N processes over gloo: the same code path,
@@ -38,6 +40,7 @@ from gpulens.record.schema import STEPS_SCHEMA
 from gpulens.run import RunResult, RunSession, measured_run
 from gpulens.workloads.config import EffectiveTrainConfig, resolve_config
 from gpulens.workloads.devices import nvml_index_for
+from gpulens.workloads.host_ranks import rank_summary, slowed, write_steps
 from gpulens.workloads.loop import LoopResult, StopControl, measured_loop
 from gpulens.workloads.models import WorkloadSpec, get_workload
 from gpulens.workloads.recipe import oom_message, prepare, require_one_batch
@@ -192,11 +195,6 @@ class GroupPlan:
     # serves one on the loopback.
     prefix: str | None = None
 
-    @property
-    def per_rank(self) -> bool:
-        """Every rank sends its steps (multi-node shards keep a step series per rank)."""
-        return self.prefix is not None
-
 
 def run_distributed(
     config,
@@ -302,14 +300,15 @@ def _spawn_and_summarize(
                 peaks[msg[1]] = msg[2]
             elif msg[0] == "rows":
                 rank_steps[msg[1]] = (msg[2], msg[3])
-            elif msg[0] == "result":
+            elif msg[0] == "result":  # with local rank 0's steps
                 result = msg[1]
+                rank_steps[plan.rank_offset] = (result["rows"], result["loop"]["wall_measured_s"])
             elif msg[0] == "error" and error is None:
                 error = msg[1]
                 error_exit_code = msg[2] if len(msg) > 2 else 1
 
     def waiting() -> bool:
-        return result is None or len(peaks) < local or (plan.per_rank and len(rank_steps) < local)
+        return result is None or len(peaks) < local or len(rank_steps) < local
 
     with run.monitor(probes, hz=eff.sample_hz):
         # Forked from a thread that lives as long as this process: each rank's parent-death
@@ -344,10 +343,13 @@ def _spawn_and_summarize(
             time.sleep(0.05)
     if result is None:
         raise RuntimeFailure(error or "the training processes ended without a result")
-    series = writer.series("steps", STEPS_SCHEMA)
-    for row in result["rows"]:
-        series.append(row)
-    series.close()
+    if plan.prefix is None:  # one host: every rank's steps in the run's steps series
+        write_steps(writer, rank_steps, eff.batch_size)
+    else:  # a node's shard: its local rank 0's here, each rank's apart (record_ranks)
+        series = writer.series("steps", STEPS_SCHEMA)
+        for row in result["rows"]:
+            series.append(row)
+        series.close()
     transports = read_nccl_transports(writer.dir) if eff.backend == "nccl" else ["gloo"]
     # Rank 0 built the optimizer and read the dataset: what it learnt joins the config.
     eff = eff.with_built(**result.get("built", {}), transport_effective=tuple(transports))
@@ -365,11 +367,13 @@ def _spawn_and_summarize(
     summary = summarize_run(
         spec, eff, device0, writer, measured, costs, loop, nvml_indices, peak_mem_bytes, local
     )
-    if plan.per_rank:
-        from gpulens.workloads.nodes import record_ranks
+    if plan.prefix is None:
+        extra = rank_summary(rank_steps, plan.world, eff.batch_size)
+        writer.update(summary=extra)
+        return {**summary, **extra}
+    from gpulens.workloads.nodes import record_ranks
 
-        summary = record_ranks(writer, plan, eff, rank_steps, summary)
-    return summary
+    return record_ranks(writer, plan, eff, rank_steps, summary)
 
 
 def _rank_main(
@@ -411,6 +415,7 @@ def _rank_main(
             prepared = prepare(
                 spec, eff, device, timing_dir, rank, world, skip_log=skip_log, local_rank=local_rank
             )
+            prepared = slowed(prepared, rank)  # a test's slow rank (GPULENS_TEST_SLOW_RANK)
         except GpulensError as exc:
             messages.put(("error", str(exc), exc.exit_code))
             raise
@@ -437,9 +442,9 @@ def _rank_main(
         timer.finish()
         peak = torch.cuda.max_memory_allocated(device) if cuda else None
         messages.put(("peak", local_rank, peak))
-        if plan.per_rank:
+        if local_rank != 0:  # local rank 0's steps travel with the result
             messages.put(("rows", rank, timer.rows, loop.wall_measured_s))
-        if local_rank == 0:
+        else:
             messages.put(
                 (
                     "result",

@@ -29,6 +29,7 @@ from gpulens.record.join import (
 from gpulens.record.writer import RunWriter, new_run_id
 from gpulens.run import RunResult
 from gpulens.workloads.distributed import GroupPlan
+from gpulens.workloads.host_ranks import own_samples
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +138,7 @@ def record_ranks(
     node, host = marker.get("node_rank", 0), marker.get("hostname") or socket.gethostname()
     docs = []
     for rank, (rows, wall_s) in sorted(rank_steps.items()):
-        write_rank_steps(writer, rank, rows)
+        write_rank_steps(writer, rank, own_samples(rows, rank, eff.batch_size))
         local = rank - plan.rank_offset
         docs.append(rank_doc(rank, local, node, host, rows, eff.batch_size, wall_s))
     extra = {"ranks": docs, "world_size": plan.world, "nnodes": marker.get("nnodes"),
