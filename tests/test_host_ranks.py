@@ -160,3 +160,32 @@ def test_predict_and_compare_read_rank_0s_steps_of_a_run_that_keeps_every_ranks(
     document.comparison_section([one, read_record(two_dir)])
     measured = int((~steps["warmup"].astype(bool)).sum())
     assert [len(v) for v in drawn.values()] == [measured, measured]
+
+
+def test_the_terminal_summary_names_the_straggler():
+    """Rank 0's phases hide a slow rank (rank 0 waits for it in the all-reduce, its compute):
+    the run's summary on the terminal names it."""
+    import io
+
+    from rich.console import Console
+
+    from gpulens.report.terminal import render_train_summary
+
+    base = {"workload": "tiny_cnn", "device": "2x cpu", "precision": "fp32", "batch_size": 8,
+            "processes": 2, "global_batch_size": 16, "measured_steps": 10, "warmup_steps": 2,
+            "stop_reason": "steps", "throughput_samples_per_s": 100.0,
+            "phases_s": {"data_wait": 0.0, "h2d": 0.0, "compute": 0.15, "step": 0.15},
+            "gpu": None, "host": None, "mfu": None}  # fmt: skip
+    ranks = rank_summary({0: (_rows(0.15, 0.0), 1.2), 1: (_rows(0.15, 0.1), 1.2)}, 2, 8)
+
+    def shown(summary: dict) -> str:
+        buf = io.StringIO()
+        render_train_summary(Console(file=buf, width=300), "r1", Path("/x"), summary)
+        return buf.getvalue()
+
+    assert "2 of 2; straggler: rank 1 (data wait 100.00 ms, +33% of the median step)" in shown(
+        {**base, **ranks}
+    )
+    even = rank_summary({0: (_rows(0.15, 0.0), 1.2), 1: (_rows(0.15, 0.0), 1.2)}, 2, 8)
+    assert "2 of 2, no straggler" in shown({**base, **even})
+    assert "straggler" not in shown(base)  # one process: no ranks line

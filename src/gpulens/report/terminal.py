@@ -43,6 +43,22 @@ def next_steps(summary: dict[str, Any]) -> list[str]:
     return [a.text for a in advise(summary)] + [COMPARE_TIP]
 
 
+def _ranks_text(summary: dict) -> str:
+    """The straggler check over a data-parallel run's ranks, in one line."""
+    ranks = f"{summary.get('ranks_reported') or len(summary['ranks'])} of {summary['world_size']}"
+    found = summary.get("stragglers") or []
+    if not found:
+        pct = summary.get("straggler_threshold_pct")
+        over = f" (none {pct:g}% of the median step above the median rank)" if pct else ""
+        return f"{ranks}, no straggler{over}"
+    parts = [
+        f"rank {s['rank']} ({'step' if s['phase'] == 'step' else 'data wait'} "
+        f"{_ms(s['mean_s'])}, +{s['above_median_pct']:.0f}% of the median step)"
+        for s in found
+    ]
+    return f"{ranks}; straggler: " + ", ".join(parts)
+
+
 def render_train_summary(
     console: Console,
     run_id: str,
@@ -86,6 +102,8 @@ def render_train_summary(
                 f"({summary.get('skipped_files_total')} files; first: {first})"
             ),
         )
+    if (summary.get("world_size") or 1) > 1 and summary.get("ranks"):
+        table.add_row("ranks", escape(_ranks_text(summary)))
     gpu = summary.get("gpu")
     if gpu:
         table.add_row("GPU", Text(str(gpu.get("name") or "")))
