@@ -826,3 +826,15 @@ def test_a_feature_constant_up_to_rounding_gets_no_weight_in_the_regression():
     assert fitted[1][1] == 1.0 and abs(fitted[2][1]) < 1e-9  # no weight on the constant
     other = np.array([[0.0, np.log(312e12)]])  # a GPU of another peak: finite, unmoved
     assert _predict(fitted, other)[0] == pytest.approx(_predict(fitted, x[:1] * [0, 1])[0])
+
+
+@pytest.mark.parametrize("gpus", [1, 2])
+def test_a_run_without_flops_or_a_window_is_told_how_to_get_them(tmp_path, capsys, gpus):
+    """A 2-GPU run of a built-in workload counts no FLOPs (the counter runs in one process
+    only): predict told it to rerun "(or on a built-in workload)", which it was (H200 pair)."""
+    runs = tmp_path / "runs"
+    copy_record(SYNTHETIC, runs / "r", flops_per_sample=None, gpus=gpus)
+    code, _, err = cli(capsys, "predict", str(runs / "r"), "--gpu", "H200")
+    assert code == 2 and "--torch-profiler 5" in err and "built-in workload" not in err, err
+    assert ("a data-parallel run counts none" in err) == (gpus > 1)
+    assert ("predict from a 1-GPU run" in err) == (gpus > 1)

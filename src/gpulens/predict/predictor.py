@@ -151,9 +151,11 @@ def _gpu_ratio(
         return busy * ks.ratio + (1.0 - busy), "kernel_roofline", notes, busy < HOST_BOUND_BUSY
     flops = facts.flops_per_step
     if not flops:
+        ddp = facts.gpus > 1  # a 2-GPU run of resnet50 was told "or on a built-in workload"
         raise UsageError(
-            f"run {facts.run_id} has no FLOP count and no profiler window: rerun it with "
-            "`gpulens run WORKLOAD --torch-profiler 5` (or on a built-in workload)"
+            f"run {facts.run_id} has no FLOP count{' (a data-parallel run counts none)' * ddp} "
+            "and no profiler window: rerun it with `gpulens run WORKLOAD --torch-profiler 5`"
+            + (", or predict from a 1-GPU run of it" if ddp else "")
         )
     split = roofline.split_step(core_s, flops, facts.bytes_per_step(src.bandwidth_bytes_per_s), src)
     notes = [] if facts.trace is None else ["the profiler window holds no CUDA kernels"]
