@@ -28,6 +28,7 @@ from gpulens.errors import UsageError
 from gpulens.record import schema
 from gpulens.record.reader import RunRecord, read_record
 from gpulens.record.tracker import (
+    RANK_FIELDS,
     RANK_STEPS_SCHEMA,
     STRAGGLER_PCT,
     combine,
@@ -190,18 +191,7 @@ def joined_summary(by_node: Mapping[int, RunRecord]) -> dict[str, Any]:
         "phases_s": combined.get("phases_s") or first.get("phases_s"),
         "nnodes": len(by_node),
         "nodes": nodes,
-        **{
-            k: combined.get(k)
-            for k in (
-                "world_size",
-                "ranks_reported",
-                "slowest_rank",
-                "step_time_median_s",
-                "straggler_threshold_pct",
-                "stragglers",
-                "ranks",
-            )
-        },  # fmt: skip
+        **{k: combined.get(k) for k in RANK_FIELDS},
     }
 
 

@@ -122,6 +122,18 @@ def find_stragglers(docs: Mapping[int, dict[str, Any]], pct: float) -> tuple[flo
     return median_step, found
 
 
+# What :func:`combine` says of the ranks, copied into a run's summary as it is.
+RANK_FIELDS = (
+    "world_size",
+    "ranks_reported",
+    "slowest_rank",
+    "step_time_median_s",
+    "straggler_threshold_pct",
+    "stragglers",
+    "ranks",
+)
+
+
 def combine(docs: Mapping[int, dict[str, Any]], world_size: int, pct: float) -> dict[str, Any]:
     """One summary for all ranks (see the module docstring); ``ranks`` keeps each rank's."""
     ranks = sorted(docs)

@@ -26,20 +26,17 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from gpulens.record.join import rank_doc
-from gpulens.record.tracker import RANK_STEPS_SCHEMA, STEPS_SERIES, STRAGGLER_PCT, combine
+from gpulens.record.tracker import (
+    RANK_FIELDS,
+    RANK_STEPS_SCHEMA,
+    STEPS_SERIES,
+    STRAGGLER_PCT,
+    combine,
+)
 
 log = logging.getLogger(__name__)
 
 SLOW_RANK_ENV = "GPULENS_TEST_SLOW_RANK"
-RANK_FIELDS = (
-    "world_size",
-    "ranks_reported",
-    "slowest_rank",
-    "step_time_median_s",
-    "straggler_threshold_pct",
-    "stragglers",
-    "ranks",
-)
 
 # rank -> (its step rows, its measured wall time in seconds)
 RankSteps = Mapping[int, tuple[list[dict[str, Any]], float]]
