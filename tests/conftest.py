@@ -12,3 +12,16 @@ def gpulens_home(tmp_path, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("GPULENS_RUN_DIR", raising=False)
     return home
+
+
+@pytest.fixture
+def parent_run(tmp_path, monkeypatch):
+    """A run made by gpulens for the tracker to write into (no monitor of its own: fast)."""
+    from gpulens.workloads.tracking import FIRST_PASS_ENV, INGESTION_FREE_ENV
+
+    run_dir = tmp_path / "run"
+    (run_dir / "series").mkdir(parents=True)
+    monkeypatch.setenv("GPULENS_RUN_DIR", str(run_dir))
+    monkeypatch.delenv(INGESTION_FREE_ENV, raising=False)
+    monkeypatch.delenv(FIRST_PASS_ENV, raising=False)
+    return run_dir

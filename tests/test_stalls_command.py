@@ -42,17 +42,6 @@ class CountingLoader(CountingIterable):
         return self.n
 
 
-@pytest.fixture
-def parent_run(tmp_path, monkeypatch):
-    """The tracker writes into a run made by gpulens (no monitor of its own: fast)."""
-    run_dir = tmp_path / "run"
-    (run_dir / "series").mkdir(parents=True)
-    monkeypatch.setenv("GPULENS_RUN_DIR", str(run_dir))
-    monkeypatch.delenv(INGESTION_FREE_ENV, raising=False)
-    monkeypatch.delenv(FIRST_PASS_ENV, raising=False)
-    return run_dir
-
-
 def test_ingestion_free_repeats_the_first_batches_and_ends_each_epoch(parent_run, monkeypatch):
     monkeypatch.setenv(INGESTION_FREE_ENV, "1")
     loader = CountingLoader(10)

@@ -20,18 +20,7 @@ import pytest
 import torch
 
 from gpulens.record.tracker import read_tracker_summary
-from gpulens.workloads.tracking import FIRST_PASS_ENV, INGESTION_FREE_ENV, Tracker
-
-
-@pytest.fixture
-def parent_run(tmp_path, monkeypatch):
-    """The tracker writes into a run made by gpulens (no monitor of its own: fast)."""
-    run_dir = tmp_path / "run"
-    (run_dir / "series").mkdir(parents=True)
-    monkeypatch.setenv("GPULENS_RUN_DIR", str(run_dir))
-    monkeypatch.delenv(INGESTION_FREE_ENV, raising=False)
-    monkeypatch.delenv(FIRST_PASS_ENV, raising=False)
-    return run_dir
+from gpulens.workloads.tracking import Tracker
 
 
 def _steps_series(run_dir) -> pd.DataFrame:
